@@ -1,0 +1,20 @@
+"""The gateway: ``gunicorn -c python:api.gunicorn_conf 'api:create_app()'``."""
+from __future__ import annotations
+
+from flask import Flask
+
+from prorl_celery.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Build the Flask app; configuration comes from ``PRORL_*`` environment variables."""
+    from . import errors, routes, status_views
+
+    settings = settings or get_settings()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    app.json.sort_keys = False
+    app.register_blueprint(routes.bp)
+    app.register_blueprint(status_views.bp)
+    errors.register(app)
+    return app

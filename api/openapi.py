@@ -1,0 +1,53 @@
+"""The gateway's OpenAPI document, built from the pydantic request models."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from .schemas import AddServerRequest, CancelRequest, ProcessRequest
+
+_JSON = "application/json"
+
+
+def _body(model: str) -> dict[str, Any]:
+    return {"required": True, "content": {_JSON: {"schema": {"$ref": f"#/components/schemas/{model}"}}}}
+
+
+def _reply(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": {"type": "object"}}}}
+
+
+ERRORS = {"400": _reply("bad request: {code, message}"), "503": _reply("service stopped or broker down")}
+
+
+@lru_cache(maxsize=1)
+def openapi_document() -> dict[str, Any]:
+    schemas: dict[str, Any] = {}
+    for model in (ProcessRequest, CancelRequest, AddServerRequest):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    post = lambda summary, model, ok: {"post": {"summary": summary, "requestBody": _body(model),  # noqa: E731
+                                                "responses": {"200": _reply(ok), **ERRORS}}}
+    get = lambda summary: {"get": {"summary": summary, "responses": {"200": _reply(summary)}}}  # noqa: E731
+    paths = {
+        "/process": post("run a job and wait for its result", "ProcessRequest", "final result"),
+        "/jobs": post("submit a job (202 with job_id)", "ProcessRequest", "accepted"),
+        "/jobs/{job_id}": {"get": {"summary": "a job's result, or 202 with its stage",
+                                   "parameters": [{"name": "job_id", "in": "path", "required": True,
+                                                   "schema": {"type": "string"}},
+                                                  {"name": "wait", "in": "query", "schema": {"type": "number"}}],
+                                   "responses": {"200": _reply("final result"), "202": _reply("pending"),
+                                                 "404": _reply("unknown job")}}},
+        "/cancel": post("cancel jobs", "CancelRequest", "which jobs were cancelled"),
+        "/add_llm_server": post("register an LLM backend", "AddServerRequest", "registered"),
+        "/clear_llm_server": {"post": {"summary": "forget every backend", "responses": {"200": _reply("generation")}}},
+        "/llm_servers": get("registered backends"),
+        "/start": {"post": {"summary": "accept jobs", "responses": {"200": _reply("state")}}},
+        "/stop": {"post": {"summary": "refuse new jobs and cancel in-flight ones", "responses": {"200": _reply("state")}}},
+        "/status": get("service status"),
+        "/healthz": get("liveness"),
+        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
+    }
+    return {"openapi": "3.1.0", "info": {"title": "prorl-celery gateway", "version": "0.1.0"},
+            "paths": paths, "components": {"schemas": schemas}}

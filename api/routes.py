@@ -1,0 +1,140 @@
+"""Job and backend endpoints. Views stay short: parse, act through the job store, return."""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Blueprint, jsonify, request
+from pydantic import BaseModel
+
+from handlers import UnknownTaskError, get_handler
+from prorl_celery.celery_app import enqueue
+from prorl_celery.errors import BadRequest, ServiceStopped, UnknownTask
+from prorl_celery.results import build_result, pending_result
+from prorl_celery.services import get_services
+from prorl_celery.status import JobStatus, Stage
+
+from .schemas import AddServerRequest, CancelRequest, ProcessRequest
+
+bp = Blueprint("jobs", __name__)
+
+
+def parse(model: type[BaseModel]) -> Any:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object (Content-Type: application/json)")
+    return model.model_validate(body)
+
+
+def submit(body: ProcessRequest) -> tuple[str, bool]:
+    """Validate the instance with its handler, create the job once and enqueue INIT."""
+    services = get_services()
+    settings = services.settings
+    try:
+        handler = get_handler(body.task_name)
+    except UnknownTaskError as error:
+        raise UnknownTask(str(error.args[0])) from None
+    try:
+        handler.validate_instance(body.instance)
+    except ValueError as error:
+        raise BadRequest(f"instance: {error}") from None
+    sampling = body.sampling_params.to_job()
+    if handler.uses_llm and not (sampling.get("tokenizer") or settings.tokenizer):
+        raise BadRequest("sampling_params.tokenizer: required when PRORL_TOKENIZER is not set")
+    budget = body.timeout_s or settings.job_timeout_s
+    if budget > settings.max_job_timeout_s:
+        raise BadRequest(f"timeout_s: at most {settings.max_job_timeout_s} (PRORL_MAX_JOB_TIMEOUT_S)")
+    job_id = body.job_id or uuid.uuid4().hex
+    created, _ = services.store.create(job_id, {
+        "task": handler.name or body.task_name, "instance": body.instance,
+        "sampling_params": sampling, "budget_s": budget})
+    if created:
+        try:
+            enqueue(Stage.INIT, job_id)
+        except Exception as error:  # broker down: do not leave the job pending forever
+            services.store.finish(job_id, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
+            raise ServiceStopped(f"the broker is unreachable: {error}") from error
+    return job_id, created
+
+
+def job_response(job_id: str, wait_s: float):
+    store = get_services().store
+    store.wait(job_id, wait_s)
+    record = store.load(job_id)
+    if JobStatus(record["status"]).terminal:
+        return jsonify(build_result(store, record)), 200
+    return jsonify(pending_result(store, record)), 202
+
+
+@bp.post("/process")
+def process():
+    body = parse(ProcessRequest)
+    job_id, _ = submit(body)
+    settings = get_services().settings
+    wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
+    return job_response(job_id, wait_s)
+
+
+@bp.post("/jobs")
+def create_job():
+    job_id, created = submit(parse(ProcessRequest))
+    status = get_services().store.status(job_id)
+    return jsonify({"job_id": job_id, "status": status.value if status else None, "created": created}), 202
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str):
+    try:
+        wait_s = float(request.args.get("wait", 0))
+    except ValueError:
+        raise BadRequest("wait: must be a number of seconds") from None
+    if not 0 <= wait_s <= 3600:
+        raise BadRequest("wait: must be between 0 and 3600 seconds")
+    return job_response(job_id, wait_s)
+
+
+@bp.post("/cancel")
+def cancel():
+    store = get_services().store
+    cancelled, not_cancelled = [], {}
+    for job_id in parse(CancelRequest).ids:
+        outcome = store.cancel(job_id)
+        if outcome.ok:
+            cancelled.append(job_id)
+        else:
+            not_cancelled[job_id] = outcome.previous.value if outcome.previous else "not_found"
+    return jsonify({"cancelled": cancelled, "not_cancelled": not_cancelled})
+
+
+@bp.post("/add_llm_server")
+def add_llm_server():
+    body = parse(AddServerRequest)
+    added, generation = get_services().pool.add(body.normalized_address, body.type)
+    return jsonify({"address": body.normalized_address, "type": body.type, "added": added,
+                    "generation": generation})
+
+
+@bp.post("/clear_llm_server")
+def clear_llm_server():
+    return jsonify({"generation": get_services().pool.clear()})
+
+
+@bp.get("/llm_servers")
+def llm_servers():
+    pool = get_services().pool
+    return jsonify({"generation": pool.generation(), "servers": [b.__dict__ for b in pool.list()]})
+
+
+@bp.post("/start")
+def start():
+    get_services().store.set_service_state(True)
+    return jsonify({"state": "started"})
+
+
+@bp.post("/stop")
+def stop():
+    """Stop accepting jobs cluster wide and cancel every job in flight."""
+    store = get_services().store
+    store.set_service_state(False)
+    cancelled = [j for j in store.active_job_ids() if store.cancel(j, "service stopped").ok]
+    return jsonify({"state": "stopped", "cancelled": len(cancelled)})

@@ -1,0 +1,81 @@
+"""Request and response models of the gateway; unknown fields are errors, not silence."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters; fields not listed pass through to vLLM backends untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
+    max_tokens: int | None = Field(None, gt=0)
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    tokenizer: str | None = Field(None, description="tokenizer directory overriding PRORL_TOKENIZER")
+
+    def to_job(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class ProcessRequest(BaseModel):
+    """The ProRL Agent Server body of ``/process`` and ``/jobs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance: dict[str, Any] = Field(description="task instance; data_source names the handler")
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    job_id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="idempotency key")
+    task: str | None = Field(None, min_length=1, description="handler name; default instance.data_source")
+    timeout_s: float | None = Field(None, gt=0, description="active-time budget; default PRORL_JOB_TIMEOUT_S")
+
+    @model_validator(mode="after")
+    def _task_named(self) -> "ProcessRequest":
+        if not self.task and not isinstance(self.instance.get("data_source"), str):
+            raise ValueError("name the task: give 'task' or 'instance.data_source'")
+        return self
+
+    @property
+    def task_name(self) -> str:
+        return self.task or self.instance["data_source"]
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str | None = Field(None, pattern=JOB_ID_PATTERN)
+    job_ids: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "CancelRequest":
+        if (self.job_id is None) == (self.job_ids is None):
+            raise ValueError("give exactly one of 'job_id' or 'job_ids'")
+        return self
+
+    @property
+    def ids(self) -> list[str]:
+        return [self.job_id] if self.job_id else list(self.job_ids or [])
+
+
+class AddServerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: HttpUrl = Field(description="e.g. http://host:8000/v1")
+    type: Literal["vllm", "sglang", "llamacpp"] = "vllm"
+
+    @property
+    def normalized_address(self) -> str:
+        return str(self.address).rstrip("/")
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status: str
+    created: bool

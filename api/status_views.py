@@ -1,0 +1,89 @@
+"""Observability endpoints: ``/status``, ``/healthz``, ``/metrics``, ``/openapi.json``."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+
+from prorl_celery import keys
+from prorl_celery.connection import get_redis
+from prorl_celery.services import Services, get_services
+from prorl_celery.status import Stage
+
+from .openapi import openapi_document
+
+bp = Blueprint("status", __name__)
+WORKER_STALE_S = 30.0
+
+
+def service_status(services: Services) -> dict[str, Any]:
+    counts = services.store.status_counts()
+    broker = get_redis(services.settings.effective_broker_url)
+    depth = {stage: broker.llen(keys.broker_queue(stage.value)) for stage in Stage}
+    now = time.time()
+    workers = []
+    for name, seen in services.redis.zrangebyscore(keys.WORKERS, now - WORKER_STALE_S, "+inf", withscores=True):
+        info = services.redis.hgetall(keys.worker(name))
+        workers.append({"name": name, "node": info.get("node"), "queues": (info.get("queues") or "").split(","),
+                        "last_seen_s": round(now - seen, 3)})
+    return {
+        "state": "started" if services.store.service_started() else "stopped",
+        "stages": {stage.value: {"queued": counts[stage.pending.value], "active": counts[stage.active.value],
+                                 "broker_depth": depth[stage]} for stage in Stage},
+        "jobs": counts,
+        "generation": services.pool.generation(),
+        "backends": [b.__dict__ for b in services.pool.list()],
+        "workers": workers,
+    }
+
+
+@bp.get("/status")
+def status():
+    return jsonify(service_status(get_services()))
+
+
+@bp.get("/healthz")
+def healthz():
+    get_services().redis.ping()
+    return jsonify({"ok": True})
+
+
+class RedisStateCollector:
+    """Reads the shared state on each scrape, so every gateway process reports the same."""
+
+    def collect(self):
+        state = service_status(get_services())
+        queued = GaugeMetricFamily("prorl_stage_queued", "jobs waiting for a stage", labels=["stage"])
+        active = GaugeMetricFamily("prorl_stage_active", "jobs executing a stage", labels=["stage"])
+        for stage, numbers in state["stages"].items():
+            queued.add_metric([stage], numbers["queued"])
+            active.add_metric([stage], numbers["active"])
+        jobs = GaugeMetricFamily("prorl_jobs", "jobs by status (terminal ones counted since start)",
+                                 labels=["status"])
+        for name, count in state["jobs"].items():
+            jobs.add_metric([name], count)
+        assigned = GaugeMetricFamily("prorl_backend_assignments", "jobs assigned per backend", labels=["address"])
+        inflight = GaugeMetricFamily("prorl_backend_in_flight", "jobs in RUN per backend", labels=["address"])
+        for backend in state["backends"]:
+            assigned.add_metric([backend["address"]], backend["assigned"])
+            inflight.add_metric([backend["address"]], backend["in_flight"])
+        workers = GaugeMetricFamily("prorl_workers", "workers seen in the last 30 s")
+        workers.add_metric([], len(state["workers"]))
+        yield from (queued, active, jobs, assigned, inflight, workers)
+
+
+_registry = CollectorRegistry()
+_registry.register(RedisStateCollector())
+
+
+@bp.get("/metrics")
+def metrics():
+    return Response(generate_latest(_registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(openapi_document())

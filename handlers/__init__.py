@@ -1,0 +1,26 @@
+"""Task handlers: the ``AgentHandler`` plug-in interface and the registry of task names.
+
+The task families themselves (``handlers.math``, ``handlers.noop``, ...) are imported on
+demand by the registry, so importing this package stays cheap.
+"""
+from handlers.base import AgentHandler, ChatLLM, EvalResult, Generation, JobContext
+from handlers.registry import (
+    UnknownTaskError,
+    clear_cache,
+    get_handler,
+    load_handlers,
+    registered_tasks,
+)
+
+__all__ = [
+    "AgentHandler",
+    "ChatLLM",
+    "EvalResult",
+    "Generation",
+    "JobContext",
+    "UnknownTaskError",
+    "clear_cache",
+    "get_handler",
+    "load_handlers",
+    "registered_tasks",
+]

@@ -1,0 +1,130 @@
+"""The handler plug-in interface.
+
+A handler holds the task logic of one task family (math, code, swe, stem) and nothing else:
+it never imports Redis, Celery or Flask. The pipeline calls it once per stage and hands it
+what it needs as arguments:
+
+    init(job)                 -> dict            stored as job.init_result
+    run(job, llm)             -> dict            stored as job.run_result
+    eval(job)                 -> EvalResult      reward and details
+    <stage>_exception(job, e) -> fallback of the same type, so the job still ends well-formed
+    final_result(job)         -> dict            extra fields merged into the job's final result
+
+INIT failure ends the job with init_exception's fallback; RUN failure still goes to EVAL with
+run_exception's fallback as run_result; EVAL ends the job. Everything a handler returns must be
+JSON-serialisable: stages may run on different workers and nodes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One model turn as the backend produced it."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (end of turn or stop sequence) | "length" (max_tokens hit)
+
+
+@runtime_checkable
+class ChatLLM(Protocol):
+    """One conversation with the job's LLM backend, token-in/token-out underneath.
+
+    The pipeline implements this (prorl_celery.llm.session.TokenSession) and reads the
+    token-level trajectory from it after RUN; the handler only speaks in messages.
+    """
+
+    def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> None:
+        """Begin the conversation with its first messages (system/user), tokenized once."""
+
+    async def generate(self, **sampling_overrides: Any) -> Generation:
+        """Ask the model for the next assistant turn; it is appended to the conversation."""
+
+    def add_message(self, role: str, content: str, **fields: Any) -> None:
+        """Append an observation (a user or tool message); only its new tokens are added."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The readable conversation so far."""
+
+    @property
+    def num_turns(self) -> int:
+        """Number of model turns generated so far."""
+
+    @property
+    def context_left(self) -> int:
+        """Tokens left before the model's context length is reached."""
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about the job it works on."""
+
+    job_id: str
+    task: str
+    instance: dict[str, Any]
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    init_result: dict[str, Any] = field(default_factory=dict)
+    run_result: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() value at which the job's budget runs out
+    sandbox: Any = None  # the job's sandbox when the handler uses one (see singularity/)
+
+    def time_left(self) -> float | None:
+        """Seconds of budget left, or None when the job has no budget."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass
+class EvalResult:
+    reward: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentHandler:
+    """Base class of every task handler; subclasses override the three stages.
+
+    Register a handler under a task name with the setuptools entry point group
+    ``prorl.handlers`` (``math = handlers.math:MathHandler``), so a new task family is a
+    separate package and needs no server change.
+    """
+
+    name: ClassVar[str] = ""
+    #: other names a job may use for this task (``instance.data_source`` of public data sets)
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: True when RUN must execute on the node whose INIT started the job's sandbox.
+    node_local: ClassVar[bool] = False
+    #: False for handlers whose RUN needs no LLM backend (``run`` then receives ``llm=None``).
+    uses_llm: ClassVar[bool] = True
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        """Raise ValueError with a clear message when an instance cannot be served.
+
+        Called by the gateway before a job is accepted, so bad input is a 400, not a failed job.
+        """
+
+    async def init(self, job: JobContext) -> dict[str, Any]:
+        return {}
+
+    async def run(self, job: JobContext, llm: ChatLLM | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def eval(self, job: JobContext) -> EvalResult:
+        raise NotImplementedError
+
+    async def init_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
+        return {"error": f"{type(error).__name__}: {error}"}
+
+    async def run_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
+        return {"error": f"{type(error).__name__}: {error}"}
+
+    async def eval_exception(self, job: JobContext, error: BaseException) -> EvalResult:
+        return EvalResult(reward=0.0, details={"error": f"{type(error).__name__}: {error}"})
+
+    def final_result(self, job: JobContext) -> dict[str, Any]:
+        """Extra fields for the job's final result, such as ``artifacts``."""
+        return {"artifacts": job.run_result.get("artifacts", {})}

@@ -1,0 +1,163 @@
+"""Turn a math instance, in any accepted shape, into messages + ground truth.
+
+Accepted shapes:
+
+plain pair (MATH, GSM8K-style JSONL)
+    ``{"problem": str, "answer": str}``; ``question`` / ``query`` may name the problem and
+    ``final_answer`` / ``ground_truth`` / ``target`` the answer. Without an answer, a
+    ``solution`` containing a ``\\boxed{}`` final answer (Hendrycks MATH) is accepted. A default
+    system + user prompt asking for step-by-step reasoning and a boxed answer is built.
+verl row (DeepScaleR, DAPO, ProRL Agent Server clients)
+    ``{"data_source": str, "prompt": [{"role", "content"}, ...],
+    "reward_model": {"style": "rule", "ground_truth": str}, "extra_info": {...}}``.
+    The prompt messages are used unchanged: the dataset owns its prompt format.
+
+Either shape may carry ``max_iterations`` (model turns allowed, default 1, capped).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.math.grading import extract_boxed
+
+SYSTEM_PROMPT = (
+    "You are a careful mathematician. Reason step by step, then state the final answer "
+    "in simplest form inside \\boxed{}."
+)
+USER_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
+
+DEFAULT_MAX_ITERATIONS = 1
+MAX_ITERATIONS_CAP = 8
+
+PROBLEM_KEYS = ("problem", "question", "query")
+ANSWER_KEYS = ("answer", "final_answer", "ground_truth", "target")
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+SHAPE_HINT = (
+    "instance needs either 'problem' and 'answer' or 'prompt' and 'reward_model.ground_truth'"
+)
+
+
+@dataclass(frozen=True)
+class MathInstance:
+    """A math instance in the one shape the handler works with."""
+
+    messages: list[dict[str, Any]]
+    ground_truth: str
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def normalize_instance(instance: Any) -> MathInstance:
+    """Return the instance as messages + ground truth; ValueError names what is wrong."""
+    if not isinstance(instance, dict):
+        raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
+    max_iterations = _max_iterations(instance)
+    if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
+        return _from_verl_row(instance, max_iterations)
+    return _from_plain_pair(instance, max_iterations)
+
+
+def validate_instance(instance: Any) -> None:
+    """Raise ValueError with a message naming the missing or wrong field."""
+    normalize_instance(instance)
+
+
+def default_messages(problem: str) -> list[dict[str, str]]:
+    """The system + user prompt built for a plain problem."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"{problem.strip()}\n\n{USER_SUFFIX}"},
+    ]
+
+
+def _from_plain_pair(instance: dict[str, Any], max_iterations: int) -> MathInstance:
+    problem = _first_present(instance, PROBLEM_KEYS)
+    # a string 'prompt' is the problem text in some datasets (the verl shape uses a list)
+    if problem is None and isinstance(instance.get("prompt"), str):
+        problem = "prompt"
+    if problem is None:
+        raise ValueError(SHAPE_HINT)
+    text = _non_empty_string(instance, problem)
+    answer_key = _first_present(instance, ANSWER_KEYS)
+    if answer_key is not None:
+        ground_truth = _answer_string(instance[answer_key], answer_key)
+    elif isinstance(instance.get("solution"), str):
+        ground_truth = extract_boxed(instance["solution"]) or ""
+        if not ground_truth:
+            raise ValueError(
+                "field 'solution' has no \\boxed{} final answer and there is no 'answer'"
+            )
+    else:
+        raise ValueError(SHAPE_HINT)
+    metadata = {"format": "plain", **_passthrough(instance, ("id", "level", "type", "subject"))}
+    return MathInstance(default_messages(text), ground_truth, max_iterations, metadata)
+
+
+def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> MathInstance:
+    prompt = instance.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(f"field 'prompt' must be a non-empty list of messages; {SHAPE_HINT}")
+    messages = [_message(item, index) for index, item in enumerate(prompt)]
+    reward_model = instance.get("reward_model")
+    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+        raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
+    style = reward_model.get("style", "rule")
+    if style != "rule":
+        raise ValueError(f"field 'reward_model.style' must be 'rule', got {style!r}")
+    ground_truth = _answer_string(reward_model["ground_truth"], "reward_model.ground_truth")
+    extra_info = instance.get("extra_info", {})
+    if not isinstance(extra_info, dict):
+        raise ValueError("field 'extra_info' must be an object")
+    metadata = {
+        "format": "verl",
+        "data_source": str(instance.get("data_source", "")),
+        "extra_info": extra_info,
+    }
+    return MathInstance(messages, ground_truth, max_iterations, metadata)
+
+
+def _message(item: Any, index: int) -> dict[str, Any]:
+    where = f"field 'prompt[{index}]'"
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} must be an object with 'role' and 'content'")
+    if item.get("role") not in ROLES:
+        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {item.get('role')!r}")
+    if not isinstance(item.get("content"), str):
+        raise ValueError(f"{where}.content must be a string")
+    return dict(item)  # a copy: the instance itself stays untouched
+
+
+def _max_iterations(instance: dict[str, Any]) -> int:
+    value = instance.get("max_iterations")
+    if value is None:
+        return DEFAULT_MAX_ITERATIONS
+    # bool is an int subclass; "true" turns is a client bug worth reporting
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"field 'max_iterations' must be a positive integer, got {value!r}")
+    return min(value, MAX_ITERATIONS_CAP)
+
+
+def _first_present(instance: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    return next((key for key in keys if instance.get(key) is not None), None)
+
+
+def _non_empty_string(instance: dict[str, Any], key: str) -> str:
+    value = instance[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"field '{key}' must be a non-empty string")
+    return value
+
+
+def _answer_string(value: Any, key: str) -> str:
+    # numbers are common in GSM8K-style data; bools are not answers
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"field '{key}' must be a non-empty string or a number")
+    return value.strip()
+
+
+def _passthrough(instance: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: instance[key] for key in keys if isinstance(instance.get(key), (str, int, float))}

@@ -1,0 +1,91 @@
+"""Wake the stages of cancelled jobs at once.
+
+One listener thread per worker process subscribes to the cancel channel and sets the asyncio
+event of every local stage watching that job. Pub/sub is only the fast path: watching starts
+by reading the job's status, and a slow sweep re-reads the status of every watched job, so a
+message lost while reconnecting delays a cancel by at most ``sweep_s``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import redis
+
+from . import keys
+from .status import JobStatus
+
+log = logging.getLogger(__name__)
+
+
+class CancelWatcher:
+    def __init__(self, client: redis.Redis, sweep_s: float = 2.0) -> None:
+        self.redis = client
+        self.sweep_s = sweep_s
+        self._watched: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, job_id: str) -> asyncio.Event:
+        """An event set when ``job_id`` is cancelled; call from the stage's event loop."""
+        self._ensure_started()
+        event = asyncio.Event()
+        with self._lock:
+            self._watched.setdefault(job_id, []).append((asyncio.get_running_loop(), event))
+        if self._is_cancelled(job_id):
+            event.set()
+        return event
+
+    def unwatch(self, job_id: str, event: asyncio.Event) -> None:
+        with self._lock:
+            entries = [e for e in self._watched.get(job_id, []) if e[1] is not event]
+            if entries:
+                self._watched[job_id] = entries
+            else:
+                self._watched.pop(job_id, None)
+
+    def _is_cancelled(self, job_id: str) -> bool:
+        return self.redis.hget(keys.job(job_id), "status") in (None, JobStatus.CANCELLED.value)
+
+    def _wake(self, job_id: str) -> None:
+        with self._lock:
+            entries = list(self._watched.get(job_id, []))
+        for loop, event in entries:
+            loop.call_soon_threadsafe(event.set)
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._listen, name="prorl-cancel", daemon=True)
+                self._thread.start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(keys.CANCEL_CHANNEL)
+                next_sweep = time.monotonic() + self.sweep_s
+                while True:
+                    message = pubsub.get_message(timeout=self.sweep_s)
+                    if message:
+                        self._wake(message["data"])
+                    if time.monotonic() >= next_sweep:
+                        self._sweep()
+                        next_sweep = time.monotonic() + self.sweep_s
+            except redis.RedisError as error:
+                log.warning("cancel listener lost Redis (%s); reconnecting", error)
+                time.sleep(1.0)
+
+    def _sweep(self) -> None:
+        with self._lock:
+            job_ids = list(self._watched)
+        if not job_ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        for job_id, status in zip(job_ids, pipe.execute()):
+            if status in (None, JobStatus.CANCELLED.value):
+                self._wake(job_id)

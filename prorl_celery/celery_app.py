@@ -1,0 +1,60 @@
+"""The Celery application: three stage queues on a Redis broker, tuned for long tasks."""
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from .settings import get_settings
+from .status import Stage
+
+STAGE_QUEUES = tuple(stage.value for stage in Stage)
+
+
+def node_queue(stage: Stage, node: str) -> str:
+    """The queue only ``stage`` workers on ``node`` consume (container locality)."""
+    return f"{stage.value}.{node}"
+
+
+def create_celery() -> Celery:
+    settings = get_settings()
+    app = Celery("prorl_celery", broker=settings.effective_broker_url, include=["prorl_celery.tasks"])
+    transport = {
+        # the broker redelivers unacked messages after this; it must exceed the longest stage
+        "visibility_timeout": settings.visibility_timeout_s,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 10,
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+    }
+    app.conf.update(
+        task_queues=[Queue(name) for name in STAGE_QUEUES],
+        task_default_queue=Stage.INIT.value,
+        task_routes={f"prorl.{name}": {"queue": name} for name in STAGE_QUEUES},
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,  # results live in the job store, not in a Celery backend
+        # stages are acked when they start: a re-run would repeat side effects (sandboxes), and
+        # the stage claim in the job store already turns any redelivery into a no-op
+        task_acks_late=False,
+        worker_prefetch_multiplier=1,  # a busy worker must not hoard long jobs
+        worker_pool="threads",  # stages wait on I/O; each thread runs its own event loop
+        worker_concurrency=16,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,  # Flower sees the queues without -E
+        task_send_sent_event=True,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        broker_pool_limit=64,
+    )
+    return app
+
+
+app = create_celery()
+
+
+def enqueue(stage: Stage, job_id: str, *, queue: str | None = None) -> None:
+    """Hand a job to ``stage``'s queue (or a node's own queue of that stage)."""
+    app.send_task(f"prorl.{stage.value}", args=[job_id], queue=queue or stage.value)
+
+
+from . import workers  # noqa: E402,F401  (connects the worker start-up signal handlers)

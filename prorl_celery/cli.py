@@ -1,0 +1,113 @@
+"""The ``prorl`` command."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from .status import Stage
+
+
+class LazyGroup(click.Group):
+    """Subcommands from optional modules are imported only when used (torch, uvicorn)."""
+
+    lazy = {"llm-serve": ("prorl_celery.llm.serve.cli", "llm_serve"),
+            "fixtures": ("prorl_celery.devmodels", "fixtures")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in self.lazy:
+            import importlib
+            module, attribute = self.lazy[name]
+            return getattr(importlib.import_module(module), attribute)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup)
+def main() -> None:
+    """prorl-celery: rollout-as-a-service for RL training of multi-turn LLM agents."""
+
+
+def _llm_command(llm: str, tokenizer: str) -> tuple[list[str] | None, str | None]:
+    """The LLM server command for local mode, and the tokenizer directory it uses."""
+    if llm == "none":
+        return None, tokenizer
+    from .devmodels import ensure_tiny_model, ensure_tokenizer
+    serve = [sys.executable, "-m", "prorl_celery.llm.serve", "--port", "{port}"]
+    if llm == "tiny":
+        model = str(ensure_tiny_model("qwen3"))
+        return [*serve, "--model", model], model
+    tokenizer = tokenizer or str(ensure_tokenizer("qwen3"))
+    return [*serve, "--scripted", llm, "--tokenizer", tokenizer], tokenizer
+
+
+def _cluster_options(f):
+    f = click.option("--redis-url", envvar="PRORL_REDIS_URL", default=None,
+                     help="use this Redis (db 0 broker, db 1 state) instead of starting redis-server")(f)
+    f = click.option("--llm", default="tiny", show_default=True,
+                     help="'tiny' (CPU reference model), 'none', or a scripted-rules JSON file")(f)
+    f = click.option("--tokenizer", envvar="PRORL_TOKENIZER", default=None, help="tokenizer directory")(f)
+    for stage, default in (("init", 4), ("run", 16), ("eval", 4)):
+        f = click.option(f"--{stage}-workers", default=default, show_default=True,
+                         help=f"{stage.upper()} pool concurrency")(f)
+    return f
+
+
+def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers):
+    from .local import LocalCluster
+    command, tokenizer = _llm_command(llm, tokenizer)
+    return LocalCluster(redis_url=redis_url, llm_command=command, tokenizer=tokenizer,
+                        concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers})
+
+
+@main.command()
+@_cluster_options
+def up(**options) -> None:
+    """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with _cluster(**options) as cluster:
+        click.echo(f"gateway  {cluster.gateway_url}\nredis    {cluster.state_url}\n"
+                   f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\nCtrl-C stops everything.")
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    click.echo("stopped")
+
+
+@main.command()
+@_cluster_options
+@click.option("--jobs", default=6, show_default=True, help="math jobs to submit")
+def demo(jobs: int, **options) -> None:
+    """Start a local service, run a handful of math rollouts through it, print the results."""
+    from .demo import run_demo
+    with _cluster(**options) as cluster:
+        click.echo(f"service up at {cluster.gateway_url} (logs in {cluster.log_dir})", err=True)
+        click.echo(run_demo(cluster.gateway_url, jobs))
+
+
+@main.group()
+def tokens() -> None:
+    """Token-level trajectory tools."""
+
+
+@tokens.command("check")
+@click.argument("trajectory_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tokenizer", required=True, help="tokenizer directory")
+def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
+    """Would re-tokenizing a result's messages reproduce its ids? (a /process result or its trajectory)"""
+    from .llm.fidelity import check_trajectory
+    from .llm.tokenizer import load_tokenizer
+    document = json.loads(trajectory_file.read_text())
+    trajectory = document.get("trajectory", document)
+    chat = load_tokenizer(tokenizer)
+    report = check_trajectory(chat, trajectory)
+    click.echo(report.describe(chat))
+    sys.exit(0 if report.match else 1)

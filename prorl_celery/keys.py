@@ -1,0 +1,58 @@
+"""Every Redis key and channel of the service; no other module spells one.
+
+=================================  ======  =====================================================
+key                                type    meaning
+=================================  ======  =====================================================
+prorl:job:<id>                     hash    job record: task, status, payload, stage results,
+                                           timer (budget_s, active_s, resumed_at), stage
+                                           durations (init_s, run_s, eval_s), backend, result
+prorl:job:<id>:done                stream  one entry when the job ends; waiters XREAD it, so a
+                                           waiter that arrives late still sees it
+prorl:jobs:recent                  zset    job id -> creation time (trimmed), for listings
+prorl:jobs:active                  set     ids of jobs not yet ended (for /stop and reapers)
+prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
+                                           statuses count every job that ended there)
+prorl:service:state                string  "started" | "stopped" (cluster wide)
+prorl:llm:backends                 zset    backend address -> jobs assigned (the router's heap)
+prorl:llm:types                    hash    backend address -> protocol (vllm | sglang | llamacpp)
+prorl:llm:inflight                 hash    backend address -> jobs in RUN on it now
+prorl:llm:generation               string  bumped by /clear_llm_server
+prorl:workers                      zset    worker name -> last heartbeat (unix time)
+prorl:worker:<name>                hash    worker's node, queues, pid, concurrency
+prorl:cancel                       pubsub  job ids being cancelled (a wake-up; the job record
+                                           stays the source of truth)
+init, run, run.<node>, eval        list    Celery's own queues on the broker (kombu's names;
+                                           read for queue depth, never written by us)
+=================================  ======  =====================================================
+"""
+from __future__ import annotations
+
+PREFIX = "prorl:"
+
+RECENT_JOBS = PREFIX + "jobs:recent"
+ACTIVE_JOBS = PREFIX + "jobs:active"
+STATUS_COUNTS = PREFIX + "stats:status"
+SERVICE_STATE = PREFIX + "service:state"
+LLM_BACKENDS = PREFIX + "llm:backends"
+LLM_TYPES = PREFIX + "llm:types"
+LLM_INFLIGHT = PREFIX + "llm:inflight"
+LLM_GENERATION = PREFIX + "llm:generation"
+WORKERS = PREFIX + "workers"
+CANCEL_CHANNEL = PREFIX + "cancel"
+
+
+def job(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def job_done(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:done"
+
+
+def worker(name: str) -> str:
+    return f"{PREFIX}worker:{name}"
+
+
+def broker_queue(name: str) -> str:
+    """Kombu's Redis transport keeps a queue's messages in a list named after the queue."""
+    return name

@@ -1,0 +1,152 @@
+"""Token-in/token-out clients for the LLM servers we support.
+
+Each adapter sends prompt token ids and returns the generated ids and per-token logprobs
+exactly as the server produced them:
+
+=========  ==========================  ===================================================
+protocol   endpoint                    notes
+=========  ==========================  ===================================================
+vllm       POST <base>/v1/completions  ``prompt`` as ids, ``return_token_ids``,
+                                       ``logprobs: 0``, ``max_tokens`` always sent
+sglang     POST <base>/generate        ``input_ids``, ``return_logprob``
+llamacpp   POST <base>/completion      ``prompt`` as ids, ``n_probs``, ``return_tokens``
+=========  ==========================  ===================================================
+
+Cancelling the awaiting task closes the HTTP connection, which is how the server learns that
+the request is aborted.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from ..errors import BackendError
+
+#: sampling parameters every adapter understands; others pass through to vLLM untouched
+COMMON_PARAMS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "max_tokens")
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+class LLMBackend(Protocol):
+    address: str
+
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion: ...
+
+
+def base_url(address: str) -> str:
+    """``http://host:port/v1`` and ``http://host:port`` name the same server."""
+    address = address.rstrip("/")
+    return address[: -len("/v1")] if address.endswith("/v1") else address
+
+
+class _HTTPBackend:
+    path = ""
+
+    def __init__(self, address: str, client: httpx.AsyncClient) -> None:
+        self.address = address
+        self.url = base_url(address) + self.path
+        self.client = client
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = await self.client.post(self.url, json=body)
+        except httpx.HTTPError as error:
+            raise BackendError(f"LLM server {self.address} unreachable: {type(error).__name__}: {error}") from error
+        if response.status_code != 200:
+            raise BackendError(f"LLM server {self.address} answered {response.status_code}: {response.text[:500]}")
+        return response.json()
+
+
+#: address -> served model name; vLLM rejects a request whose "model" is not the served one
+_served_models: dict[str, str] = {}
+
+
+class VLLMBackend(_HTTPBackend):
+    path = "/v1/completions"
+
+    async def _model_name(self) -> str:
+        model = _served_models.get(self.address)
+        if model is None:
+            try:
+                response = await self.client.get(base_url(self.address) + "/v1/models")
+                model = _served_models[self.address] = response.json()["data"][0]["id"]
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+                raise BackendError(f"cannot read the served model of {self.address}: {error}") from error
+        return model
+
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
+        body = {**params, "model": await self._model_name(), "prompt": prompt_ids,
+                "logprobs": 0, "return_token_ids": True, "n": 1, "stream": False}
+        choice = (await self._post(body))["choices"][0]
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            raise BackendError(f"{self.address} returned no token_ids: vLLM >= 0.10.2 is required")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(token_ids)
+        return Completion(list(token_ids), [float(x or 0.0) for x in logprobs], _finish(choice.get("finish_reason")))
+
+
+class SGLangBackend(_HTTPBackend):
+    path = "/generate"
+
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
+        sampling = {k: params[k] for k in COMMON_PARAMS if k in params and k != "max_tokens"}
+        sampling["max_new_tokens"] = params["max_tokens"]
+        body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True}
+        reply = await self._post(body)
+        meta = reply.get("meta_info", {})
+        pairs = meta.get("output_token_logprobs") or []
+        token_ids = reply.get("output_ids") or [int(p[1]) for p in pairs]
+        logprobs = [float(p[0] or 0.0) for p in pairs] or [0.0] * len(token_ids)
+        finish = (meta.get("finish_reason") or {}).get("type")
+        return Completion(list(token_ids), logprobs, _finish(finish))
+
+
+class LlamaCppBackend(_HTTPBackend):
+    path = "/completion"
+
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
+        body: dict[str, Any] = {"prompt": prompt_ids, "n_predict": params["max_tokens"], "n_probs": 1,
+                                "return_tokens": True, "cache_prompt": True, "stream": False}
+        body.update({k: params[k] for k in ("temperature", "top_p", "top_k", "seed") if k in params})
+        reply = await self._post(body)
+        probs = reply.get("completion_probabilities") or []
+        token_ids = reply.get("tokens") or [int(p["id"]) for p in probs]
+        logprobs = [float(p.get("logprob", 0.0)) for p in probs] or [0.0] * len(token_ids)
+        finish = "length" if reply.get("stop_type") == "limit" else "stop"
+        return Completion(list(token_ids), logprobs, finish)
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+_ADAPTERS = {"vllm": VLLMBackend, "sglang": SGLangBackend, "llamacpp": LlamaCppBackend}
+_local = threading.local()
+
+
+def http_client(timeout_s: float) -> httpx.AsyncClient:
+    """One AsyncClient per worker thread's event loop (httpx clients are loop-bound)."""
+    loop = asyncio.get_running_loop()
+    cached = getattr(_local, "client", None)
+    if cached is None or cached[0] is not loop:
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+        _local.client = (loop, httpx.AsyncClient(timeout=timeout_s, limits=limits))
+    return _local.client[1]
+
+
+def make_backend(address: str, protocol: str, *, timeout_s: float) -> LLMBackend:
+    try:
+        adapter = _ADAPTERS[protocol]
+    except KeyError:
+        raise BackendError(f"unknown backend protocol {protocol!r}; one of {sorted(_ADAPTERS)}") from None
+    return adapter(address, http_client(timeout_s))

@@ -1,0 +1,112 @@
+"""Token-in/token-out conversation: the pipeline's implementation of ``handlers.ChatLLM``.
+
+The session owns the token-level trajectory. Model tokens are kept exactly as the backend
+returned them (mask 1, with their logprobs); observation tokens are appended once, from the
+chat template's suffix for the new message (mask 0). The backend always receives
+``prompt_ids + response_ids``, so what it saw and what the trainer gets are the same ids.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from handlers.base import Generation
+
+from ..errors import BackendError
+from .backends import LLMBackend
+from .tokenizer import ChatTokenizer
+
+#: job sampling_params keys that configure the session rather than the backend's sampler
+SESSION_KEYS = frozenset({"tokenizer"})
+
+
+class ContextExhausted(BackendError):
+    code = "context_exhausted"
+
+
+class TokenSession:
+    def __init__(self, *, tokenizer: ChatTokenizer, backend: LLMBackend, sampling_params: dict[str, Any],
+                 max_model_len: int, default_max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.sampling = {k: v for k, v in sampling_params.items() if k not in SESSION_KEYS}
+        self.sampling.setdefault("max_tokens", default_max_tokens)
+        self.max_model_len = max_model_len
+        self.tools: list[dict] | None = None
+        self.prompt_ids: list[int] = []
+        self.response_ids: list[int] = []
+        self.response_mask: list[int] = []
+        self.response_logprobs: list[float] = []
+        self.turns: list[dict[str, Any]] = []  # what each backend call received and produced
+        self._messages: list[dict[str, Any]] = []
+        self._open_turn = False  # the last model turn ended without the end-of-turn token
+
+    # -- handlers.ChatLLM ---------------------------------------------------------------------
+
+    def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> None:
+        if self._messages:
+            raise RuntimeError("the conversation has already started")
+        self._messages = [dict(m) for m in messages]
+        self.tools = tools
+        self.prompt_ids = self.tokenizer.prompt_ids(self._messages, tools)
+
+    async def generate(self, **sampling_overrides: Any) -> Generation:
+        if not self._messages:
+            raise RuntimeError("start() the conversation before generate()")
+        params = {**self.sampling, **sampling_overrides}
+        params["max_tokens"] = min(int(params["max_tokens"]), self.context_left)
+        if params["max_tokens"] <= 0:
+            raise ContextExhausted(f"context length {self.max_model_len} reached after {self.num_turns} turns")
+        context = self.prompt_ids + self.response_ids
+        completion = await self.backend.complete(context, params)
+        self.turns.append({"context_len": len(context), "output_start": len(self.response_ids),
+                           "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason})
+        self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
+        self._open_turn = not completion.token_ids or completion.token_ids[-1] != self.tokenizer.eot_id
+        text = self.tokenizer.decode(completion.token_ids)
+        self._messages.append({"role": "assistant", "content": text})
+        return Generation(text, list(completion.token_ids), list(completion.logprobs), completion.finish_reason)
+
+    def add_message(self, role: str, content: str, **fields: Any) -> None:
+        if not self._messages:
+            raise RuntimeError("start() the conversation before add_message()")
+        message = {"role": role, "content": content, **fields}
+        if self._open_turn:  # close the truncated model turn as the template would have
+            self._append(self.tokenizer.encode(self.tokenizer.eot_token), mask=0)
+            self._open_turn = False
+        self._append(self.tokenizer.observation_ids(message, self.tools), mask=0)
+        self._messages.append(message)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self._messages)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def context_left(self) -> int:
+        return self.max_model_len - len(self.prompt_ids) - len(self.response_ids)
+
+    # -- trajectory ----------------------------------------------------------------------------
+
+    def _append(self, ids: list[int], *, mask: int, logprobs: list[float] | None = None) -> None:
+        self.response_ids += ids
+        self.response_mask += [mask] * len(ids)
+        self.response_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def trajectory(self) -> dict[str, Any]:
+        """The token-level record returned to the trainer."""
+        return {
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "response_mask": self.response_mask,
+            "response_logprobs": self.response_logprobs,
+            "messages": self.messages,
+            "tools": self.tools,
+            "num_turns": self.num_turns,
+            "turns": self.turns,
+            "backend": getattr(self.backend, "address", None),
+            "tokenizer": self.tokenizer.name,
+            "logprobs_mode": "raw",
+        }

@@ -1,0 +1,75 @@
+"""The service's tokenizer: chat-template rendering and observation suffixes.
+
+Earlier turns are never re-tokenized. A new observation is tokenized by rendering a fixed
+probe conversation with and without it and keeping only the text after the probe's last
+end-of-turn token: templates that rewrite earlier turns (Qwen3 drops old ``<think>`` blocks)
+cannot change what lies after that token.
+"""
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+_PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}]
+
+
+class ChatTokenizer:
+    """A Hugging Face tokenizer with the operations a token-level trajectory needs."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, name: str = "") -> None:
+        if tokenizer.chat_template is None:
+            raise ValueError(f"tokenizer {name!r} has no chat template")
+        self.hf = tokenizer
+        self.name = name
+        self.eot_token: str = tokenizer.eos_token
+        self.eot_id: int = tokenizer.convert_tokens_to_ids(self.eot_token)
+        # the Rust tokenizer raises "Already borrowed" when one instance is used by two threads
+        self._lock = threading.Lock()
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+               add_generation_prompt: bool = False) -> str:
+        with self._lock:
+            return self.hf.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of text that already carries its special tokens (rendered by the template)."""
+        with self._lock:
+            return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        with self._lock:
+            return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def observation_ids(self, message: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
+        """Ids to append after a model turn that ended with the end-of-turn token."""
+        before = self.render(_PROBE, tools)
+        after = self.render(_PROBE + [message], tools, add_generation_prompt=True)
+        turns = before.count(self.eot_token)
+        cut = _nth_end(after, self.eot_token, turns)
+        if turns == 0 or cut < 0:
+            raise ValueError(f"chat template of {self.name!r} has no {self.eot_token!r} after a turn")
+        return self.encode(after[cut:])
+
+
+def _nth_end(text: str, token: str, n: int) -> int:
+    """Index just after the n-th occurrence of token in text, or -1."""
+    index = -1
+    for _ in range(n):
+        index = text.find(token, index + 1)
+        if index < 0:
+            return -1
+    return index + len(token)
+
+
+@lru_cache(maxsize=16)
+def load_tokenizer(path: str) -> ChatTokenizer:
+    """Load (once per process) a tokenizer from a local directory; never from a hub."""
+    return ChatTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), name=path)

@@ -1,0 +1,195 @@
+"""A whole service on one machine: Redis, the gateway, three worker pools and an LLM server.
+
+``prorl up`` and ``prorl demo`` run it in the foreground; the integration tests start the same
+processes through it. Every child runs in its own process group and is stopped with SIGTERM,
+then SIGKILL after a grace period, so Ctrl-C leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from .status import Stage
+
+DEFAULT_CONCURRENCY = {Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check, timeout_s: float, what: str, process: "ManagedProcess | None" = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.popen.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.popen.returncode}; log: {process.log_path}\n"
+                               + process.tail())
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s" + (f"; log: {process.log_path}" if process else ""))
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@dataclass
+class LocalCluster:
+    """Start with ``with LocalCluster(...) as cluster:``; every process is stopped on exit."""
+
+    redis_url: str | None = None  # None: start a local redis-server
+    concurrency: dict[Stage, int] = field(default_factory=lambda: dict(DEFAULT_CONCURRENCY))
+    llm_command: list[str] | None = None  # an LLM server command; "{port}" is replaced
+    llm_protocol: str = "vllm"
+    tokenizer: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    gateway_workers: int = 2
+    log_dir: Path | None = None
+    processes: list[ManagedProcess] = field(default_factory=list)
+    gateway_url: str = ""
+    llm_url: str | None = None
+    state_url: str = ""
+    broker_url: str = ""
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="prorl-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        base = self.redis_url or self._start_redis()
+        self.broker_url, self.state_url = _with_db(base, 0), _with_db(base, 1)
+        self.gateway_url = f"http://127.0.0.1:{free_port()}"
+        self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
+                                "-w", str(self.gateway_workers), "-b", self.gateway_url.removeprefix("http://"),
+                                "api:create_app()"])
+        for stage, count in self.concurrency.items():
+            self.start_worker(stage, count)
+        if self.llm_command:
+            self._start_llm()
+        wait_until(lambda: httpx.get(self.gateway_url + "/healthz").status_code == 200, 60, "gateway",
+                   self._process("gateway"))
+        self.wait_for_workers()
+        if self.llm_url:
+            httpx.post(self.gateway_url + "/add_llm_server",
+                       json={"address": self.llm_url, "type": self.llm_protocol}).raise_for_status()
+
+    def start_worker(self, stage: Stage, concurrency: int, name: str | None = None) -> ManagedProcess:
+        name = name or f"{stage.value}-{os.getpid()}-{len(self.processes)}"
+        return self._spawn(name, [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker",
+                                  "-Q", stage.value, "-c", str(concurrency), "-n", f"{name}@%h",
+                                  "--without-gossip", "--without-mingle", "-l", "info"])
+
+    def wait_for_workers(self, timeout_s: float = 90) -> None:
+        expected = {p.name for p in self.processes if p.name.split("-")[0] in {s.value for s in Stage}}
+
+        def all_seen() -> bool:
+            seen = {w["name"].split("@")[0] for w in httpx.get(self.gateway_url + "/status").json()["workers"]}
+            return expected <= seen
+        wait_until(all_seen, timeout_s, f"workers {sorted(expected)}")
+
+    def _start_redis(self) -> str:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: install it (apt-get install redis-server) "
+                               "or pass a Redis URL (--redis-url / PRORL_REDIS_URL)")
+        port = free_port()
+        process = self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                        "--appendonly", "no", "--maxclients", "10000"], env=False)
+        url = f"redis://127.0.0.1:{port}"
+        wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", process)
+        return url
+
+    def _start_llm(self) -> None:
+        port = free_port()
+        command = [part.replace("{port}", str(port)) for part in self.llm_command or []]
+        process = self._spawn("llm", command)
+        self.llm_url = f"http://127.0.0.1:{port}" + ("/v1" if self.llm_protocol == "vllm" else "")
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200, 300,
+                   "LLM server", process)
+
+    def service_env(self) -> dict[str, str]:
+        env = {**os.environ, "PRORL_REDIS_URL": self.state_url, "PRORL_BROKER_URL": self.broker_url,
+               **self.env}
+        if self.tokenizer:
+            env["PRORL_TOKENIZER"] = self.tokenizer
+        return env
+
+    def _spawn(self, name: str, command: list[str], env: bool = True) -> ManagedProcess:
+        assert self.log_dir is not None
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.service_env() if env else None, start_new_session=True)
+        process = ManagedProcess(name, popen, log_path)
+        self.processes.append(process)
+        return process
+
+    def _process(self, name: str) -> ManagedProcess | None:
+        return next((p for p in self.processes if p.name == name), None)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop every child, newest first (workers before Redis)."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+def _with_db(url: str, db: int) -> str:
+    """The same server with another database number (broker and state kept apart)."""
+    head, _, tail = url.rstrip("/").rpartition("/")
+    if head.endswith(":/") or not tail.isdigit():
+        return f"{url.rstrip('/')}/{db}"
+    return f"{head}/{db}"

@@ -1,0 +1,50 @@
+-- Move a job to a new status when its current status allows it, with PausableTimer accounting.
+-- KEYS[1] prorl:job:<id>          job record (hash): status, budget_s, active_s, resumed_at, <stage>_s
+-- KEYS[2] prorl:stats:status      status counters (hash)
+-- KEYS[3] prorl:job:<id>:done     completion stream, one entry when the job ends
+-- KEYS[4] prorl:jobs:active       ids of jobs not yet ended (set)
+-- ARGV[1] job id
+-- ARGV[2] target status
+-- ARGV[3] allowed current statuses, comma separated (from prorl_celery.status.ALLOWED_FROM)
+-- ARGV[4] timer operation: "resume" (a stage starts) | "pause" (a stage ends) | "none"
+-- ARGV[5] "1" when the target is terminal
+-- ARGV[6] TTL in seconds given to the job's keys once terminal
+-- ARGV[7..] field, value pairs to set on the job record
+-- Returns {1, previous status, budget left in s, redis time} on success,
+--         {0, current status} when not allowed, {0, ""} when the job does not exist.
+-- Time comes from the Redis server so that workers on different nodes share one clock.
+local current = redis.call('HGET', KEYS[1], 'status')
+if not current then return {0, ''} end
+local allowed = false
+for status in string.gmatch(ARGV[3], '[^,]+') do
+  if status == current then allowed = true end
+end
+if not allowed then return {0, current} end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local resumed_at = redis.call('HGET', KEYS[1], 'resumed_at')
+if ARGV[4] == 'pause' and resumed_at and resumed_at ~= '' then
+  -- only an executing stage has resumed_at set, so `current` names that stage
+  local elapsed = now - tonumber(resumed_at)
+  redis.call('HINCRBYFLOAT', KEYS[1], 'active_s', string.format('%.6f', elapsed))
+  redis.call('HINCRBYFLOAT', KEYS[1], current .. '_s', string.format('%.6f', elapsed))
+  redis.call('HSET', KEYS[1], 'resumed_at', '')
+elseif ARGV[4] == 'resume' then
+  redis.call('HSET', KEYS[1], 'resumed_at', string.format('%.6f', now))
+end
+
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'status_at', string.format('%.6f', now))
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HINCRBY', KEYS[2], current, -1)
+redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[1], 'ended_at', string.format('%.6f', now))
+  redis.call('SREM', KEYS[4], ARGV[1])
+  redis.call('XADD', KEYS[3], '*', 'status', ARGV[2])
+  redis.call('EXPIRE', KEYS[1], ARGV[6])
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
+end
+local budget = tonumber(redis.call('HGET', KEYS[1], 'budget_s') or '0')
+local active = tonumber(redis.call('HGET', KEYS[1], 'active_s') or '0')
+return {1, current, string.format('%.6f', budget - active), string.format('%.6f', now)}

@@ -1,0 +1,198 @@
+"""What a stage does, as plain functions that a Celery task (or a test) calls with a job id.
+
+Every stage: claim the job (a redelivered or cancelled job is skipped), start its timer, call
+the handler under the job's remaining budget and its cancel signal, store the outcome, pause
+the timer and hand the job to the next stage's queue. INIT failure ends the job; RUN failure
+still goes to EVAL; EVAL ends the job; a budget that runs out ends it as ``timeout``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from handlers import AgentHandler, EvalResult, JobContext, get_handler
+
+from .aio import run_coro
+from .celery_app import enqueue, node_queue
+from .errors import JobCancelled, NoBackend, StageTimeout
+from .llm.backends import make_backend
+from .llm.pool import Assignment
+from .llm.session import TokenSession
+from .llm.tokenizer import load_tokenizer
+from .services import Services, get_services
+from .status import JobStatus, Stage
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -> None:
+    services = services or get_services()
+    claim = services.store.claim_stage(job_id, stage, {"node": services.settings.node})
+    if not claim.ok:
+        log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
+        return
+    record = services.store.load(job_id)
+    job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
+    handler = get_handler(record["task"])
+    run_coro(_STAGES[stage](services, handler, job, record))
+
+
+def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:
+    return JobContext(
+        job_id=record["id"], task=record["task"], instance=record["instance"] or {},
+        sampling_params=record.get("sampling_params") or {}, init_result=record.get("init_result") or {},
+        run_result=record.get("run_result") or {}, deadline=deadline,
+    )
+
+
+async def bounded(services: Services, job: JobContext, work: Awaitable[T]) -> T:
+    """Await ``work`` within the job's budget; abort it the moment the job is cancelled."""
+    task = asyncio.ensure_future(work)
+    cancelled = services.cancel_watcher.watch(job.job_id)
+    waiter = asyncio.ensure_future(cancelled.wait())
+    try:
+        done, _ = await asyncio.wait({task, waiter}, timeout=job.time_left(),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if waiter in done:
+            raise JobCancelled(f"job {job.job_id} was cancelled")
+        raise StageTimeout(f"job {job.job_id} ran out of its time budget")
+    finally:
+        waiter.cancel()
+        services.cancel_watcher.unwatch(job.job_id, cancelled)
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+async def _fallback(callback: Awaitable[T], default: T) -> T:
+    """Run an exception callback; a callback that fails itself must not lose the job."""
+    try:
+        return await callback
+    except Exception as error:  # noqa: BLE001 - the job must still end well-formed
+        log.exception("exception callback failed: %s", describe(error))
+        return default
+
+
+def _handler_extras(handler: AgentHandler, job: JobContext) -> dict[str, Any]:
+    try:
+        return handler.final_result(job)
+    except Exception as error:  # noqa: BLE001
+        log.exception("final_result of %s failed", job.task)
+        return {"final_result_error": describe(error)}
+
+
+# -- INIT ----------------------------------------------------------------------------------------
+
+async def _init(services: Services, handler: AgentHandler, job: JobContext, record: dict) -> None:
+    store = services.store
+    try:
+        job.init_result = await bounded(services, job, handler.init(job))
+    except JobCancelled:
+        return
+    except StageTimeout as error:
+        store.finish(job.job_id, JobStatus.TIMEOUT, {"critical_error": "timeout", "error": str(error),
+                                                     "extra": _handler_extras(handler, job)})
+        return
+    except Exception as error:  # noqa: BLE001 - any handler failure becomes a fallback result
+        log.warning("INIT of job %s failed: %s", job.job_id, describe(error))
+        job.init_result = await _fallback(handler.init_exception(job, error), {"error": describe(error)})
+        store.finish(job.job_id, JobStatus.FAILED, {
+            "critical_error": "init", "error": describe(error), "init_result": job.init_result,
+            "extra": _handler_extras(handler, job)})
+        return
+    queue = node_queue(Stage.RUN, services.settings.node) if handler.node_local else None
+    if store.hand_over(job.job_id, Stage.INIT, {"init_result": job.init_result}).ok:
+        enqueue(Stage.RUN, job.job_id, queue=queue)
+
+
+# -- RUN -----------------------------------------------------------------------------------------
+
+async def wait_for_backend(services: Services, job: JobContext) -> Assignment:
+    """Take a backend for the job, waiting (within its budget) while none is registered."""
+    while (assignment := services.pool.acquire()) is None:
+        left = job.time_left()
+        if left is not None and left <= 0:
+            raise NoBackend("no LLM backend was registered within the job's time budget; "
+                            "POST /add_llm_server first")
+        await asyncio.sleep(min(services.settings.backend_wait_poll_s, left or 1.0))
+    return assignment
+
+
+def open_session(services: Services, job: JobContext, assignment: Assignment) -> TokenSession:
+    settings = services.settings
+    tokenizer_path = job.sampling_params.get("tokenizer") or settings.tokenizer
+    if not tokenizer_path:
+        raise ValueError("no tokenizer: set PRORL_TOKENIZER or sampling_params.tokenizer")
+    backend = make_backend(assignment.address, assignment.protocol, timeout_s=settings.llm_timeout_s)
+    return TokenSession(tokenizer=load_tokenizer(tokenizer_path), backend=backend,
+                        sampling_params=job.sampling_params, max_model_len=settings.max_model_len,
+                        default_max_tokens=settings.default_max_tokens)
+
+
+async def _run(services: Services, handler: AgentHandler, job: JobContext, record: dict) -> None:
+    store = services.store
+    session: TokenSession | None = None
+    assignment: Assignment | None = None
+    outcome: dict[str, Any] = {"critical_error": None, "error": None}
+    try:
+        if handler.uses_llm:
+            assignment = await bounded(services, job, wait_for_backend(services, job))
+            store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
+                                      "generation": assignment.generation})
+            session = open_session(services, job, assignment)
+        job.run_result = await bounded(services, job, handler.run(job, session))
+    except JobCancelled:
+        return
+    except StageTimeout as error:
+        reason = str(error) if assignment or not handler.uses_llm else (
+            "no LLM backend was registered within the job's time budget; POST /add_llm_server first")
+        store.finish(job.job_id, JobStatus.TIMEOUT, {
+            "critical_error": "timeout", "error": reason, "extra": _handler_extras(handler, job),
+            "trajectory": session.trajectory() if session else None})
+        return
+    except Exception as error:  # noqa: BLE001 - RUN failure still goes to EVAL
+        log.warning("RUN of job %s failed: %s", job.job_id, describe(error))
+        job.run_result = await _fallback(handler.run_exception(job, error), {"error": describe(error)})
+        outcome = {"critical_error": "run", "error": describe(error)}
+    finally:
+        if assignment is not None:
+            services.pool.release(assignment.address)
+    fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **outcome}
+    if store.hand_over(job.job_id, Stage.RUN, fields).ok:
+        enqueue(Stage.EVAL, job.job_id)
+
+
+# -- EVAL ----------------------------------------------------------------------------------------
+
+async def _eval(services: Services, handler: AgentHandler, job: JobContext, record: dict) -> None:
+    store = services.store
+    critical, error_text = record.get("critical_error") or None, record.get("error") or None
+    try:
+        result: EvalResult = await bounded(services, job, handler.eval(job))
+    except JobCancelled:
+        return
+    except StageTimeout as error:
+        store.finish(job.job_id, JobStatus.TIMEOUT, {"critical_error": "timeout", "error": str(error),
+                                                     "extra": _handler_extras(handler, job)})
+        return
+    except Exception as error:  # noqa: BLE001 - a failed evaluation still ends the job well-formed
+        log.warning("EVAL of job %s failed: %s", job.job_id, describe(error))
+        result = await _fallback(handler.eval_exception(job, error),
+                                 EvalResult(0.0, {"error": describe(error)}))
+        critical, error_text = "eval", describe(error)
+    status = JobStatus.FAILED if critical else JobStatus.COMPLETED
+    store.finish(job.job_id, status, {
+        "reward": float(result.reward), "eval": result.details, "critical_error": critical,
+        "error": error_text, "extra": _handler_extras(handler, job)})
+
+
+_STAGES = {Stage.INIT: _init, Stage.RUN: _run, Stage.EVAL: _eval}

@@ -1,0 +1,55 @@
+"""The per-process objects every stage and view shares, built once from the settings."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+
+import redis
+
+from handlers import registry
+
+from .cancellation import CancelWatcher
+from .connection import get_redis, reset_clients
+from .llm.pool import BackendPool
+from .settings import Settings, get_settings
+from .store import JobStore
+
+
+@dataclass
+class Services:
+    settings: Settings
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return get_redis(self.settings.redis_url)
+
+    @cached_property
+    def store(self) -> JobStore:
+        return JobStore(self.redis, result_ttl_s=self.settings.result_ttl_s)
+
+    @cached_property
+    def pool(self) -> BackendPool:
+        return BackendPool(self.redis)
+
+    @cached_property
+    def cancel_watcher(self) -> CancelWatcher:
+        return CancelWatcher(self.redis)
+
+
+_services: Services | None = None
+_pid = 0
+_lock = threading.Lock()
+
+
+def get_services() -> Services:
+    """This process's services; rebuilt after a fork so no socket or thread is shared."""
+    global _services, _pid
+    with _lock:
+        if _services is None or _pid != os.getpid():
+            if _pid and _pid != os.getpid():
+                reset_clients()
+            _services, _pid = Services(get_settings()), os.getpid()
+            registry.configure(_services.settings.handlers)
+        return _services

@@ -1,0 +1,58 @@
+"""Service configuration, read once from ``PRORL_*`` environment variables.
+
+Every setting is documented in the README's configuration table; keep the two in step.
+Code below the edge receives a ``Settings`` object (or plain values from it), never
+``os.environ``.
+"""
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRORL_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all job state")
+    broker_url: str | None = Field(None, description="Celery broker; defaults to redis_url")
+    node: str = Field(default_factory=socket.gethostname, description="this node's name")
+
+    job_timeout_s: float = Field(1800.0, gt=0, description="default active-time budget of a job")
+    max_job_timeout_s: float = Field(4 * 3600.0, gt=0, description="largest budget a job may ask for")
+    visibility_timeout_s: int = Field(
+        6 * 3600, gt=0, description="broker redelivery delay; must exceed the longest stage"
+    )
+    result_ttl_s: int = Field(24 * 3600, gt=0, description="how long finished jobs stay fetchable")
+
+    tokenizer: str | None = Field(None, description="default tokenizer directory (per job: sampling_params.tokenizer)")
+    max_model_len: int = Field(32768, gt=0, description="context length prompt + generation must fit")
+    default_max_tokens: int = Field(1024, gt=0, description="max_tokens when a job does not set one")
+    llm_timeout_s: float = Field(600.0, gt=0, description="timeout of one LLM HTTP request")
+    backend_wait_poll_s: float = Field(0.5, gt=0, description="poll period while no backend is registered")
+
+    handlers: str = Field("", description="extra handlers, 'name=module:Class,...' (beside entry points)")
+
+    max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
+    process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
+
+    @model_validator(mode="after")
+    def _visibility_exceeds_longest_stage(self) -> "Settings":
+        if self.visibility_timeout_s <= self.max_job_timeout_s:
+            raise ValueError(
+                "PRORL_VISIBILITY_TIMEOUT_S must exceed PRORL_MAX_JOB_TIMEOUT_S, or the broker "
+                "redelivers a stage that is still running"
+            )
+        return self
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment on first use."""
+    return Settings()

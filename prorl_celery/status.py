@@ -1,0 +1,80 @@
+"""Job status and the transitions allowed between them.
+
+    pending_init ─> init ─> pending_run ─> run ─> pending_eval ─> eval ─> completed
+         │           │                     │                       │
+         └───────────┴──── cancelled / failed / timeout <──────────┘
+
+A stage is *claimed* by moving ``pending_<stage>`` to ``<stage>``; a redelivered message finds
+the job already past ``pending_<stage>`` and does nothing. Terminal states are set exactly
+once. The table below is the only definition; the Redis scripts receive it as arguments.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Stage(str, Enum):
+    INIT = "init"
+    RUN = "run"
+    EVAL = "eval"
+
+    @property
+    def pending(self) -> "JobStatus":
+        return JobStatus(f"pending_{self.value}")
+
+    @property
+    def active(self) -> "JobStatus":
+        return JobStatus(self.value)
+
+    @property
+    def next(self) -> "Stage | None":
+        order = list(Stage)
+        index = order.index(self)
+        return order[index + 1] if index + 1 < len(order) else None
+
+
+class JobStatus(str, Enum):
+    PENDING_INIT = "pending_init"
+    INIT = "init"
+    PENDING_RUN = "pending_run"
+    RUN = "run"
+    PENDING_EVAL = "pending_eval"
+    EVAL = "eval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+    @property
+    def stage(self) -> Stage | None:
+        """The stage this status waits for or executes; None once terminal."""
+        if self.terminal:
+            return None
+        return Stage(self.value.removeprefix("pending_"))
+
+
+TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMEOUT})
+NON_TERMINAL = frozenset(set(JobStatus) - TERMINAL)
+
+#: to-status -> the statuses it may be entered from
+ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.PENDING_INIT: frozenset(),  # only by creation
+    JobStatus.INIT: frozenset({JobStatus.PENDING_INIT}),
+    JobStatus.PENDING_RUN: frozenset({JobStatus.INIT}),
+    JobStatus.RUN: frozenset({JobStatus.PENDING_RUN}),
+    JobStatus.PENDING_EVAL: frozenset({JobStatus.RUN}),
+    JobStatus.EVAL: frozenset({JobStatus.PENDING_EVAL}),
+    JobStatus.COMPLETED: frozenset({JobStatus.EVAL}),
+    # also from a pending status: a job whose hand-over message could not be enqueued
+    JobStatus.FAILED: NON_TERMINAL,
+    JobStatus.TIMEOUT: frozenset({JobStatus.INIT, JobStatus.RUN, JobStatus.EVAL}),
+    JobStatus.CANCELLED: NON_TERMINAL,
+}
+
+
+def can_transition(current: JobStatus, target: JobStatus) -> bool:
+    return current in ALLOWED_FROM[target]

@@ -1,0 +1,210 @@
+"""The job store: job records, status transitions, the PausableTimer and completion signals.
+
+All keys come from :mod:`prorl_celery.keys`; every multi-step update is one Lua script
+(see ``lua/``), so that two workers, a redelivered message and a ``/cancel`` racing each other
+still leave exactly one outcome.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from . import keys
+from .connection import BLOCK_CHUNK_S
+from .errors import JobNotFound, ServiceStopped
+from .status import ALLOWED_FROM, JobStatus, Stage
+
+#: job record fields stored as JSON text
+JSON_FIELDS = frozenset(
+    {"instance", "sampling_params", "init_result", "run_result", "eval", "trajectory", "extra", "error"}
+)
+FLOAT_FIELDS = frozenset(
+    {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}
+)
+RECENT_JOBS_KEPT = 100_000
+
+
+def load_script(client: redis.Redis, name: str):
+    source = resources.files("prorl_celery").joinpath(f"lua/{name}.lua").read_text()
+    return client.register_script(source)
+
+
+@dataclass(frozen=True)
+class Transition:
+    ok: bool
+    previous: JobStatus | None  # None: the job does not exist
+    budget_left_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    init_s: float
+    run_s: float
+    eval_s: float
+    active_s: float
+    queued_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 6) for k, v in self.__dict__.items()}
+
+
+def _encode(fields: dict[str, Any]) -> list[str]:
+    flat: list[str] = []
+    for name, value in fields.items():
+        if name in JSON_FIELDS:
+            value = json.dumps(value)
+        elif value is None:
+            value = ""
+        flat += [name, str(value)]
+    return flat
+
+
+def decode_record(raw: dict[str, str]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name in JSON_FIELDS:
+            record[name] = json.loads(value) if value else None
+        elif name in FLOAT_FIELDS:
+            record[name] = float(value) if value else None
+        else:
+            record[name] = value
+    return record
+
+
+class JobStore:
+    """Job state in Redis. Thread-safe; share one per process."""
+
+    def __init__(self, client: redis.Redis, *, result_ttl_s: int) -> None:
+        self.redis = client
+        self.result_ttl_s = result_ttl_s
+        self._create = load_script(client, "create_job")
+        self._transition = load_script(client, "transition")
+
+    # -- creation and reading ---------------------------------------------------------------
+
+    def create(self, job_id: str, fields: dict[str, Any]) -> tuple[bool, JobStatus]:
+        """Create a job in ``pending_init``; returns (created, status). Idempotent per id."""
+        created, status = self._create(
+            keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.RECENT_JOBS, keys.SERVICE_STATE, keys.ACTIVE_JOBS],
+            args=[job_id, RECENT_JOBS_KEPT, *_encode(fields)],
+        )
+        if created == -1:
+            raise ServiceStopped("the service is stopped; POST /start to accept jobs again")
+        return bool(created), JobStatus(status)
+
+    def load(self, job_id: str) -> dict[str, Any]:
+        raw = self.redis.hgetall(keys.job(job_id))
+        if not raw:
+            raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
+        return decode_record(raw)
+
+    def status(self, job_id: str) -> JobStatus | None:
+        value = self.redis.hget(keys.job(job_id), "status")
+        return JobStatus(value) if value else None
+
+    def update(self, job_id: str, fields: dict[str, Any]) -> None:
+        """Set fields on an existing record (handler results between transitions)."""
+        self.redis.hset(keys.job(job_id), mapping=dict(zip(*[iter(_encode(fields))] * 2)))
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def transition(
+        self, job_id: str, target: JobStatus, *, timer: str = "none", fields: dict[str, Any] | None = None
+    ) -> Transition:
+        allowed = ",".join(sorted(s.value for s in ALLOWED_FROM[target]))
+        reply = self._transition(
+            keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS],
+            args=[job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s,
+                  *_encode(fields or {})],
+        )
+        previous = JobStatus(reply[1]) if reply[1] else None
+        if not reply[0]:
+            return Transition(False, previous)
+        return Transition(True, previous, float(reply[2]))
+
+    def claim_stage(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
+        """``pending_<stage>`` -> ``<stage>`` and start the timer; fails for a redelivery."""
+        return self.transition(job_id, stage.active, timer="resume", fields=fields)
+
+    def hand_over(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
+        """``<stage>`` -> ``pending_<next>``, pausing the timer while the job waits in a queue."""
+        assert stage.next is not None
+        return self.transition(job_id, stage.next.pending, timer="pause", fields=fields)
+
+    def finish(self, job_id: str, status: JobStatus, fields: dict[str, Any] | None = None) -> Transition:
+        """End the job exactly once; wakes every waiter."""
+        assert status.terminal
+        return self.transition(job_id, status, timer="pause", fields=fields)
+
+    def cancel(self, job_id: str, reason: str = "cancelled by request") -> Transition:
+        """End a job as cancelled unless it has ended already, and tell its worker."""
+        result = self.finish(job_id, JobStatus.CANCELLED, {"error": reason, "cancel_requested": 1})
+        if result.ok:
+            self.redis.publish(keys.CANCEL_CHANNEL, job_id)
+        return result
+
+    def is_cancelled(self, job_id: str) -> bool:
+        return self.redis.hget(keys.job(job_id), "status") in (None, JobStatus.CANCELLED.value)
+
+    # -- timer ---------------------------------------------------------------------------------
+
+    def timing(self, record: dict[str, Any], now: float | None = None) -> StageTiming:
+        """Stage times of a record; the running stage counts up to ``now`` (Redis time)."""
+        now = now if now is not None else self.server_time()
+        per_stage = {s: record.get(f"{s.value}_s") or 0.0 for s in Stage}
+        active = record.get("active_s") or 0.0
+        resumed = record.get("resumed_at")
+        if resumed and record["status"] in {s.value for s in Stage}:
+            running = now - float(resumed)
+            active += running
+            per_stage[Stage(record["status"])] += running
+        end = record.get("ended_at") or now
+        queued = max(0.0, end - record["created_at"] - active)
+        return StageTiming(per_stage[Stage.INIT], per_stage[Stage.RUN], per_stage[Stage.EVAL], active, queued)
+
+    def server_time(self) -> float:
+        seconds, micros = self.redis.time()
+        return seconds + micros / 1e6
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def wait(self, job_id: str, timeout_s: float) -> JobStatus:
+        """Block until the job ends or ``timeout_s`` passes; returns its status then.
+
+        Reads the completion stream from its start, so a job that ended before the call is
+        seen at once; no message can be missed as with pub/sub.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.status(job_id)
+            if status is None:
+                raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
+            left = deadline - time.monotonic()
+            if status.terminal or left <= 0:
+                return status
+            block_ms = max(1, int(min(left, BLOCK_CHUNK_S) * 1000))
+            self.redis.xread({keys.job_done(job_id): "0-0"}, count=1, block=block_ms)
+
+    # -- service state and statistics ------------------------------------------------------------
+
+    def service_started(self) -> bool:
+        return self.redis.get(keys.SERVICE_STATE) != "stopped"
+
+    def set_service_state(self, started: bool) -> None:
+        self.redis.set(keys.SERVICE_STATE, "started" if started else "stopped")
+
+    def active_job_ids(self) -> list[str]:
+        return sorted(self.redis.smembers(keys.ACTIVE_JOBS))
+
+    def status_counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in JobStatus}
+        counts.update({k: int(v) for k, v in self.redis.hgetall(keys.STATUS_COUNTS).items()})
+        return counts
+
+    def recent_job_ids(self, limit: int = 100) -> list[str]:
+        return self.redis.zrevrange(keys.RECENT_JOBS, 0, limit - 1)

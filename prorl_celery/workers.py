@@ -1,0 +1,69 @@
+"""Worker start-up hooks: node-local RUN queue and the heartbeat ``/status`` reports."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+
+from . import keys
+from .celery_app import node_queue
+from .services import get_services
+from .status import Stage
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 5.0
+_stop = threading.Event()
+
+
+@celeryd_after_setup.connect
+def add_node_queue(sender: str, instance, **_: object) -> None:
+    """A RUN worker also consumes ``run.<node>``, so plain ``-Q run`` serves node-local jobs."""
+    queues = instance.app.amqp.queues
+    if Stage.RUN.value in queues.consume_from:
+        name = node_queue(Stage.RUN, get_services().settings.node)
+        queues.select_add(name)
+        log.info("RUN worker %s also consumes %s", sender, name)
+
+
+@worker_ready.connect
+def start_heartbeat(sender, **_: object) -> None:
+    consumer = sender
+    worker_name = consumer.hostname
+    queues = sorted(consumer.app.amqp.queues.consume_from)
+    concurrency = getattr(consumer.controller, "concurrency", None) if hasattr(consumer, "controller") else None
+    thread = threading.Thread(target=_beat, args=(worker_name, queues, concurrency),
+                              name="prorl-heartbeat", daemon=True)
+    thread.start()
+
+
+@worker_shutdown.connect
+def stop_heartbeat(**_: object) -> None:
+    _stop.set()
+    try:
+        redis = get_services().redis
+        redis.zrem(keys.WORKERS, _worker_name.get("name", ""))
+    except Exception:  # noqa: BLE001 - shutting down anyway
+        pass
+
+
+_worker_name: dict[str, str] = {}
+
+
+def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
+    _worker_name["name"] = name
+    services = get_services()
+    info = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
+            "concurrency": concurrency or ""}
+    while not _stop.is_set():
+        try:
+            pipe = services.redis.pipeline(transaction=False)
+            pipe.hset(keys.worker(name), mapping=info)
+            pipe.expire(keys.worker(name), int(HEARTBEAT_S * 6))
+            pipe.zadd(keys.WORKERS, {name: time.time()})
+            pipe.execute()
+        except Exception as error:  # noqa: BLE001 - a missed beat only ages the entry
+            log.warning("heartbeat failed: %s", error)
+        _stop.wait(HEARTBEAT_S)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's test command: install the project with its test extras, build the tokenizer
+# fixtures (cached), run the default test suite. Tests start their own redis-server, workers,
+# gunicorn and LLM servers on loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q -e '.[test,model]'
+prorl fixtures build
+python -m pytest "$@"

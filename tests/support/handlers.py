@@ -1,0 +1,36 @@
+"""A handler whose behaviour each test instance scripts: fail, sleep or succeed per stage.
+
+Loaded into the real workers through ``PRORL_HANDLERS=fault=tests.support.handlers:FaultHandler``;
+it exercises the pipeline's error, timeout and cancellation paths without an LLM.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from handlers import AgentHandler, EvalResult, JobContext
+
+
+class FaultHandler(AgentHandler):
+    name = "fault"
+    uses_llm = False
+
+    async def _act(self, job: JobContext, stage: str) -> None:
+        await asyncio.sleep(float(job.instance.get(f"{stage}_sleep_s", 0)))
+        if job.instance.get("fail") == stage:
+            raise RuntimeError(f"scripted failure in {stage}")
+
+    async def init(self, job: JobContext) -> dict[str, Any]:
+        await self._act(job, "init")
+        return {"initialised": True}
+
+    async def run(self, job: JobContext, llm) -> dict[str, Any]:
+        await self._act(job, "run")
+        return {"ran": True, "artifacts": {"note": "ran"}}
+
+    async def eval(self, job: JobContext) -> EvalResult:
+        await self._act(job, "eval")
+        return EvalResult(float(job.instance.get("reward", 1.0)), {"ran": job.run_result.get("ran", False)})
+
+    async def run_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
+        return {"ran": False, "fallback": "run"}

@@ -1,0 +1,221 @@
+"""The rollout service end to end: real gunicorn, Celery workers, Redis and LLM servers."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.conftest import eventually
+
+
+def math(problem: str, answer: str, **extra) -> dict:
+    return {"data_source": "math", "problem": problem, "answer": answer, **extra}
+
+
+@pytest.fixture
+def backend(gateway, llm_servers):
+    server = llm_servers[0]
+    server.reset()
+    gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+    return server
+
+
+def test_correct_and_wrong_answers(gateway, backend):
+    right = gateway.process(math("What is 2 + 3?", "5", instance_id="p1", trajectory_id="t1"))
+    wrong = gateway.process(math("What is 7 \\times 6?", "42"))
+    assert (right["status"], right["reward"], right["critical_error"]) == ("completed", 1.0, None)
+    assert (right["instance_id"], right["trajectory_id"]) == ("p1", "t1")
+    assert (wrong["status"], wrong["reward"]) == ("completed", 0.0)
+    trajectory = right["trajectory"]
+    assert trajectory["num_turns"] == 1 and trajectory["backend"] == backend.address()
+    assert len(trajectory["response_ids"]) == len(trajectory["response_mask"]) == len(trajectory["response_logprobs"])
+    assert right["messages"][-1]["role"] == "assistant" and "\\boxed{5}" in right["messages"][-1]["content"]
+    served = backend.log()[0]
+    assert served["prompt_ids"] == trajectory["prompt_ids"] and served["output_ids"] == trajectory["response_ids"]
+    assert set(right["timing"]) == {"init_s", "run_s", "eval_s", "active_s", "queued_s"}
+
+
+def test_multi_turn_job_appends_only_new_tokens(gateway, backend):
+    result = gateway.process(math("MULTI: what is 10 - 4?", "6", max_iterations=4))
+    assert result["reward"] == 1.0
+    trajectory = result["trajectory"]
+    assert trajectory["num_turns"] == 3
+    assert [m["role"] for m in result["messages"]].count("user") == 3  # the problem and two follow-ups
+    calls = backend.log()
+    assert len(calls) == 3
+    full = trajectory["prompt_ids"] + trajectory["response_ids"]
+    for call, turn in zip(calls, trajectory["turns"]):
+        # each call received exactly the trajectory so far and produced the ids we kept
+        assert call["prompt_ids"] == full[:turn["context_len"]]
+        start = len(trajectory["prompt_ids"]) + turn["output_start"]
+        assert call["output_ids"] == full[start:start + turn["output_len"]]
+        assert trajectory["response_mask"][turn["output_start"]:turn["output_start"] + turn["output_len"]] == \
+            [1] * turn["output_len"]
+    assert trajectory["response_mask"].count(0) > 0  # the follow-up observations
+
+
+@pytest.mark.parametrize("stage", ["init", "run", "eval"])
+def test_stage_failure_ends_with_structured_result(gateway, stage):
+    result = gateway.process({"data_source": "fault", "fail": stage})
+    assert result["status"] == "failed"
+    assert result["critical_error"] == stage
+    assert f"scripted failure in {stage}" in result["error"]
+    assert isinstance(result["reward"], float) and isinstance(result["timing"], dict)
+    if stage == "run":  # RUN failure still went through EVAL, with the fallback run result
+        assert result["eval"] == {"ran": False}
+    if stage == "init":
+        assert result["timing"]["run_s"] == 0 and result["timing"]["eval_s"] == 0
+
+
+def test_stage_timeout(gateway):
+    started = time.monotonic()
+    result = gateway.process({"data_source": "fault", "run_sleep_s": 30}, timeout_s=1.0)
+    assert result["status"] == "timeout" and result["critical_error"] == "timeout"
+    assert time.monotonic() - started < 10
+    assert 0.9 <= result["timing"]["active_s"] < 5
+
+
+def test_queue_time_is_not_counted(gateway):
+    # 8 jobs of 1.2 s INIT on a 4-thread INIT pool: the second four wait ~1.2 s in the queue,
+    # which must not count against their 2 s budget
+    ids = [gateway.submit({"data_source": "fault", "init_sleep_s": 1.2}, timeout_s=2.0) for _ in range(8)]
+    results = [gateway.result(job_id) for job_id in ids]
+    assert [r["status"] for r in results] == ["completed"] * 8
+    assert max(r["timing"]["queued_s"] for r in results) > 0.8
+    assert all(r["timing"]["active_s"] < 2.0 for r in results)
+
+
+def test_cancel_while_queued(gateway):
+    blockers = [gateway.submit({"data_source": "fault", "init_sleep_s": 2}) for _ in range(4)]
+    queued = gateway.submit({"data_source": "fault"})
+    assert gateway.post("/cancel", json={"job_id": queued}).json()["cancelled"] == [queued]
+    result = gateway.result(queued, wait=1)
+    assert result["status"] == "cancelled"
+    for job_id in blockers:
+        gateway.result(job_id)
+    time.sleep(0.5)  # the cancelled job's INIT message has been dequeued by now and skipped
+    assert gateway.result(queued)["timing"]["init_s"] == 0
+
+
+def test_cancel_mid_llm_call_aborts_backend_request(gateway, backend):
+    job_id = gateway.submit(math("SLOW question", "1"))
+    eventually(lambda: len(backend.log()) == 1, 20, "LLM request started")
+    started = time.monotonic()
+    assert gateway.post("/cancel", json={"job_ids": [job_id]}).json()["cancelled"] == [job_id]
+    result = gateway.result(job_id, wait=5)
+    assert result["status"] == "cancelled" and time.monotonic() - started < 2
+    eventually(lambda: backend.log()[0]["aborted"], 10, "backend saw the request aborted")
+    status = gateway.get("/status").json()
+    assert status["stages"]["run"]["active"] == 0
+
+
+def test_cancel_after_completion_is_refused(gateway):
+    result = gateway.process({"data_source": "fault"})
+    reply = gateway.post("/cancel", json={"job_id": result["job_id"]}).json()
+    assert reply == {"cancelled": [], "not_cancelled": {result["job_id"]: "completed"}}
+    assert gateway.result(result["job_id"])["status"] == "completed"
+
+
+def test_routing_is_sticky_and_balanced(gateway, llm_servers):
+    for server in llm_servers:
+        server.reset()
+        gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+    ids = [gateway.submit(math(f"MULTI problem {i}", "6", max_iterations=3)) for i in range(10)]
+    results = [gateway.result(job_id) for job_id in ids]
+    assert all(r["reward"] == 1.0 for r in results)
+    per_backend = Counter(r["backend"] for r in results)
+    assert abs(per_backend[llm_servers[0].address()] - per_backend[llm_servers[1].address()]) <= 1
+    for server in llm_servers:  # every turn of a job went to the job's backend
+        mine = {r["job_id"] for r in results if r["backend"] == server.address()}
+        assert len(server.log()) == 3 * len(mine)
+    counts = {s["address"]: s["assigned"] for s in gateway.get("/llm_servers").json()["servers"]}
+    assert sorted(counts.values()) == [5, 5]
+
+
+def test_clear_llm_server_mid_run(gateway, llm_servers):
+    old, new = llm_servers
+    old.reset(), new.reset()
+    gateway.post("/add_llm_server", json={"address": old.address()}).raise_for_status()
+    in_flight = gateway.submit(math("SLOW but finishing", "1"), sampling_params={"max_tokens": 64})
+    eventually(lambda: len(old.log()) == 1, 20, "in-flight job reached its backend")
+    generation = gateway.post("/clear_llm_server").json()["generation"]
+    gateway.post("/add_llm_server", json={"address": new.address()}).raise_for_status()
+    fresh = gateway.process(math("What is 2 + 3?", "5"))
+    assert fresh["backend"] == new.address() and fresh["generation"] == generation
+    gateway.post("/cancel", json={"job_id": in_flight})
+    assert gateway.result(in_flight)["backend"] == old.address()
+
+
+def test_stop_and_start(gateway):
+    running = gateway.submit({"data_source": "fault", "run_sleep_s": 30})
+    gateway.wait_for_stage(running, "run")
+    assert gateway.post("/stop").json()["cancelled"] == 1
+    assert gateway.result(running, wait=5)["status"] == "cancelled"
+    refused = gateway.post("/process", json={"instance": {"data_source": "fault"}})
+    assert refused.status_code == 503 and refused.json()["code"] == "service_stopped"
+    assert gateway.get("/status").json()["state"] == "stopped"
+    gateway.post("/start").raise_for_status()
+    assert gateway.process({"data_source": "fault"})["status"] == "completed"
+
+
+def test_idempotent_job_id(gateway):
+    body = {"instance": {"data_source": "fault", "init_sleep_s": 0.3}, "job_id": "same-id-1"}
+    first = gateway.post("/jobs", json=body).json()
+    second = gateway.post("/jobs", json=body).json()
+    assert (first["created"], second["created"]) == (True, False)
+    assert gateway.post("/process", json=body).json()["job_id"] == "same-id-1"
+    assert gateway.get("/status").json()["jobs"]["completed"] == 1
+
+
+def test_no_backend_fails_clearly_after_budget(gateway):
+    result = gateway.process(math("What is 2 + 3?", "5"), timeout_s=1.0)
+    assert result["status"] == "timeout"
+    assert "add_llm_server" in result["error"]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"sampling_params": {}}, "instance"),
+    ({"instance": {"problem": "1+1", "answer": "2"}}, "data_source"),
+    ({"instance": {"data_source": "math", "problem": "1+1", "answer": "2"},
+      "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+    ({"instance": {"data_source": "math", "problem": "1+1", "answer": "2"}, "timeout_s": -1}, "timeout_s"),
+    ({"instance": {"data_source": "math", "problem": "1+1", "answer": "2"}, "surprise": 1}, "surprise"),
+    ({"instance": {"data_source": "math"}}, "instance"),
+    ({"instance": {"data_source": "fault"}, "job_id": "bad id with spaces"}, "job_id"),
+])
+def test_bad_requests_name_the_field(gateway, body, field):
+    response = gateway.post("/process", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == "bad_request"
+    assert field in response.json()["message"]
+
+
+def test_unknown_task_lists_registered_tasks(gateway):
+    response = gateway.post("/process", json={"instance": {"data_source": "chess"}})
+    assert response.status_code == 400
+    assert response.json()["code"] == "unknown_task"
+    assert "math" in response.json()["message"] and "chess" in response.json()["message"]
+
+
+def test_malformed_json_and_huge_body(gateway):
+    broken = gateway.post("/process", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert broken.status_code == 400 and "JSON" in broken.json()["message"]
+    huge = gateway.post("/process", json={"instance": {"data_source": "math", "problem": "x" * (11 * 2**20)}})
+    assert huge.status_code == 413 and huge.json()["code"] == "payload_too_large"
+    missing = gateway.get("/jobs/nope")
+    assert missing.status_code == 404 and missing.json()["code"] == "job_not_found"
+
+
+def test_status_metrics_and_openapi(gateway):
+    gateway.process({"data_source": "fault"})
+    status = gateway.get("/status").json()
+    assert set(status["stages"]) == {"init", "run", "eval"}
+    assert {tuple(w["queues"]) for w in status["workers"]} >= {("init",), ("eval",)}
+    assert status["jobs"]["completed"] == 1
+    metrics = gateway.get("/metrics").text
+    assert 'prorl_jobs{status="completed"} 1.0' in metrics
+    spec = gateway.get("/openapi.json").json()
+    assert "/process" in spec["paths"] and "ProcessRequest" in spec["components"]["schemas"]
+    assert httpx.get(gateway.cluster.gateway_url + "/healthz").json() == {"ok": True}
