@@ -17,7 +17,7 @@ from handlers import AgentHandler, EvalResult, JobContext, get_handler
 
 from .aio import run_coro
 from .celery_app import enqueue, node_queue
-from .errors import JobCancelled, NoBackend, StageTimeout
+from .errors import JobCancelled, StageTimeout
 from .llm.backends import make_backend
 from .llm.pool import Assignment
 from .llm.session import TokenSession
@@ -117,13 +117,13 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
 # -- RUN -----------------------------------------------------------------------------------------
 
 async def wait_for_backend(services: Services, job: JobContext) -> Assignment:
-    """Take a backend for the job, waiting (within its budget) while none is registered."""
+    """Take a backend for the job, waiting while none is registered.
+
+    Called under ``bounded``: the job's budget ends the wait as a timeout whose error says
+    that no backend was registered.
+    """
     while (assignment := services.pool.acquire()) is None:
-        left = job.time_left()
-        if left is not None and left <= 0:
-            raise NoBackend("no LLM backend was registered within the job's time budget; "
-                            "POST /add_llm_server first")
-        await asyncio.sleep(min(services.settings.backend_wait_poll_s, left or 1.0))
+        await asyncio.sleep(services.settings.backend_wait_poll_s)
     return assignment
 
 
