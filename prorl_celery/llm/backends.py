@@ -99,8 +99,10 @@ class SGLangBackend(_HTTPBackend):
     path = "/generate"
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
-        sampling = {k: params[k] for k in COMMON_PARAMS if k in params and k != "max_tokens"}
+        sampling = {k: params[k] for k in COMMON_PARAMS if k in params and k not in ("max_tokens", "seed")}
         sampling["max_new_tokens"] = params["max_tokens"]
+        if "seed" in params:
+            sampling["sampling_seed"] = params["seed"]  # SGLang's name; it rejects "seed"
         body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True}
         reply = await self._post(body)
         meta = reply.get("meta_info", {})
