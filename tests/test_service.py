@@ -222,3 +222,21 @@ def test_status_metrics_and_openapi(gateway):
     spec = gateway.get("/openapi.json").json()
     assert "/process" in spec["paths"] and "ProcessRequest" in spec["components"]["schemas"]
     assert httpx.get(gateway.cluster.gateway_url + "/healthz").json() == {"ok": True}
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang", "llamacpp"])
+def test_every_backend_protocol_is_token_exact(gateway, llm_servers, protocol):
+    server = llm_servers[0]
+    server.reset()
+    gateway.post("/add_llm_server", json={"address": server.address(protocol), "type": protocol}).raise_for_status()
+    result = gateway.process(math("MULTI: what is 10 - 4?", "6", max_iterations=3),
+                             sampling_params={"seed": 3, "temperature": 0.7, "max_tokens": 32})
+    assert result["reward"] == 1.0, result["error"]
+    trajectory = result["trajectory"]
+    calls = server.log()
+    assert [c["protocol"] for c in calls] == [protocol] * 3
+    full = trajectory["prompt_ids"] + trajectory["response_ids"]
+    for call, turn in zip(calls, trajectory["turns"]):
+        assert call["prompt_ids"] == full[:turn["context_len"]]
+        assert call["logprobs"][:turn["output_len"]] == trajectory["response_logprobs"][
+            turn["output_start"]:turn["output_start"] + turn["output_len"]]
