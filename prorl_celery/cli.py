@@ -34,10 +34,16 @@ def main() -> None:
     """prorl-celery: rollout-as-a-service for RL training of multi-turn LLM agents."""
 
 
-def _llm_command(llm: str, tokenizer: str) -> tuple[list[str] | None, str | None]:
+def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | None, str | None]:
     """The LLM server command for local mode, and the tokenizer directory it uses."""
     if llm == "none":
         return None, tokenizer
+    if llm == "scripted":  # a scripted server that knows the demo problems' answers
+        import tempfile
+        from .demo import oracle_rules
+        rules = Path(tempfile.mkstemp(prefix="prorl-demo-rules-", suffix=".json")[1])
+        rules.write_text(json.dumps(oracle_rules(jobs)))
+        llm = str(rules)
     from .devmodels import ensure_tiny_model, ensure_tokenizer
     serve = [sys.executable, "-m", "prorl_celery.llm.serve", "--port", "{port}"]
     if llm == "tiny":
@@ -51,7 +57,8 @@ def _cluster_options(f):
     f = click.option("--redis-url", envvar="PRORL_REDIS_URL", default=None,
                      help="use this Redis (db 0 broker, db 1 state) instead of starting redis-server")(f)
     f = click.option("--llm", default="tiny", show_default=True,
-                     help="'tiny' (CPU reference model), 'none', or a scripted-rules JSON file")(f)
+                     help="'tiny' (CPU reference model), 'scripted' (knows the demo answers), 'none', "
+                          "or a scripted-rules JSON file")(f)
     f = click.option("--tokenizer", envvar="PRORL_TOKENIZER", default=None, help="tokenizer directory")(f)
     for stage, default in (("init", 4), ("run", 16), ("eval", 4)):
         f = click.option(f"--{stage}-workers", default=default, show_default=True,
@@ -59,9 +66,9 @@ def _cluster_options(f):
     return f
 
 
-def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers):
+def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32):
     from .local import LocalCluster
-    command, tokenizer = _llm_command(llm, tokenizer)
+    command, tokenizer = _llm_command(llm, tokenizer, jobs)
     return LocalCluster(redis_url=redis_url, llm_command=command, tokenizer=tokenizer,
                         concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers})
 
@@ -88,7 +95,7 @@ def up(**options) -> None:
 def demo(jobs: int, **options) -> None:
     """Start a local service, run a handful of math rollouts through it, print the results."""
     from .demo import run_demo
-    with _cluster(**options) as cluster:
+    with _cluster(**options, jobs=jobs) as cluster:
         click.echo(f"service up at {cluster.gateway_url} (logs in {cluster.log_dir})", err=True)
         click.echo(run_demo(cluster.gateway_url, jobs))
 
@@ -111,3 +118,7 @@ def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
     report = check_trajectory(chat, trajectory)
     click.echo(report.describe(chat))
     sys.exit(0 if report.match else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -52,9 +52,20 @@ def stop_heartbeat(**_: object) -> None:
 _worker_name: dict[str, str] = {}
 
 
+def _preload_tokenizer(path: str) -> None:
+    """Load the default tokenizer before the first job needs it (seconds for large vocabularies)."""
+    from .llm.tokenizer import load_tokenizer
+    try:
+        load_tokenizer(path)
+    except Exception as error:  # noqa: BLE001 - the first job will report it properly
+        log.warning("cannot preload tokenizer %s: %s", path, error)
+
+
 def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
     _worker_name["name"] = name
     services = get_services()
+    if services.settings.tokenizer and Stage.RUN.value in queues:
+        _preload_tokenizer(services.settings.tokenizer)
     info = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
             "concurrency": concurrency or ""}
     while not _stop.is_set():

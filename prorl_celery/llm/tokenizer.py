@@ -69,7 +69,15 @@ def _nth_end(text: str, token: str, n: int) -> int:
     return index + len(token)
 
 
-@lru_cache(maxsize=16)
+_load_lock = threading.Lock()
+
+
 def load_tokenizer(path: str) -> ChatTokenizer:
     """Load (once per process) a tokenizer from a local directory; never from a hub."""
+    with _load_lock:  # threads asking at once must not each spend seconds loading it
+        return _load(path)
+
+
+@lru_cache(maxsize=16)
+def _load(path: str) -> ChatTokenizer:
     return ChatTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), name=path)

@@ -1,0 +1,145 @@
+"""The job store and the backend pool against a real redis-server: atomicity and accounting."""
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+
+from prorl_celery.errors import JobNotFound, ServiceStopped
+from prorl_celery.llm.pool import BackendPool
+from prorl_celery.status import ALLOWED_FROM, JobStatus, Stage, can_transition
+from prorl_celery.store import JobStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def client(redis_url):
+    connection = redis.Redis.from_url(redis_url + "/5", decode_responses=True)
+    connection.flushdb()
+    yield connection
+    connection.flushdb()
+
+
+@pytest.fixture
+def store(client) -> JobStore:
+    return JobStore(client, result_ttl_s=60)
+
+
+def new_job(store: JobStore, job_id: str = "j1", budget: float = 10.0) -> None:
+    created, status = store.create(job_id, {"task": "noop", "instance": {}, "budget_s": budget})
+    assert (created, status) == (True, JobStatus.PENDING_INIT)
+
+
+def test_create_is_idempotent_and_refused_when_stopped(store):
+    new_job(store)
+    assert store.create("j1", {"task": "other"}) == (False, JobStatus.PENDING_INIT)
+    assert store.load("j1")["task"] == "noop"
+    store.set_service_state(False)
+    with pytest.raises(ServiceStopped):
+        store.create("j2", {"task": "noop"})
+    with pytest.raises(JobNotFound):
+        store.load("j2")
+
+
+def test_a_stage_is_claimed_once(store):
+    new_job(store)
+    with ThreadPoolExecutor(8) as pool:
+        claims = list(pool.map(lambda _: store.claim_stage("j1", Stage.INIT), range(8)))
+    assert sum(c.ok for c in claims) == 1
+    assert {c.previous for c in claims if not c.ok} == {JobStatus.INIT}
+    assert not store.claim_stage("j1", Stage.RUN).ok  # not handed over yet
+
+
+def test_terminal_state_is_set_exactly_once(store):
+    new_job(store)
+    store.claim_stage("j1", Stage.INIT)
+    outcomes = [JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.TIMEOUT] * 4
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda s: store.finish("j1", s) if s != JobStatus.CANCELLED
+                                else store.cancel("j1"), outcomes))
+    assert sum(r.ok for r in results) == 1
+    assert store.status_counts()[store.status("j1").value] == 1
+    assert store.status_counts()["init"] == 0
+    assert store.wait("j1", 0.1).terminal
+
+
+def test_timer_counts_only_executing_stages(store):
+    new_job(store, budget=10.0)
+    time.sleep(0.3)  # queued: not counted
+    claim = store.claim_stage("j1", Stage.INIT)
+    assert claim.budget_left_s == pytest.approx(10.0, abs=0.01)
+    time.sleep(0.2)
+    store.hand_over("j1", Stage.INIT)
+    time.sleep(0.3)  # queued again
+    claim = store.claim_stage("j1", Stage.RUN)
+    assert claim.budget_left_s == pytest.approx(9.8, abs=0.1)
+    time.sleep(0.1)
+    store.finish("j1", JobStatus.TIMEOUT)
+    timing = store.timing(store.load("j1"))
+    assert timing.init_s == pytest.approx(0.2, abs=0.1) and timing.run_s == pytest.approx(0.1, abs=0.1)
+    assert timing.eval_s == 0 and timing.queued_s == pytest.approx(0.6, abs=0.15)
+    assert timing.active_s == pytest.approx(timing.init_s + timing.run_s)
+
+
+def test_finished_jobs_expire_after_the_result_ttl(client):
+    store = JobStore(client, result_ttl_s=1)
+    new_job(store)
+    store.cancel("j1")
+    assert 0 < client.ttl("prorl:job:j1") <= 1
+    assert store.active_job_ids() == []
+
+
+def test_wait_returns_when_the_job_ends(store):
+    new_job(store)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(store.wait, "j1", 10)
+        time.sleep(0.2)
+        store.cancel("j1")
+        started = time.monotonic()
+        assert waiting.result() == JobStatus.CANCELLED
+        assert time.monotonic() - started < 1
+
+
+def test_transition_table_matches_the_pipeline():
+    for stage in Stage:
+        assert can_transition(stage.pending, stage.active)
+        if stage.next:
+            assert can_transition(stage.active, stage.next.pending)
+    assert not any(can_transition(t, JobStatus.CANCELLED) for t in JobStatus if t.terminal)
+    assert ALLOWED_FROM[JobStatus.COMPLETED] == {JobStatus.EVAL}
+
+
+def test_pool_balances_concurrent_acquisitions(client):
+    pool = BackendPool(client)
+    for i in range(3):
+        pool.add(f"http://b{i}:8000/v1")
+    with ThreadPoolExecutor(8) as threads:
+        picks = list(threads.map(lambda _: pool.acquire().address, range(300)))
+    assert set(Counter(picks).values()) == {100}
+    assert {b.in_flight for b in pool.list()} == {100}
+
+
+def test_new_backend_starts_at_the_lowest_count_and_clear_bumps_generation(client):
+    pool = BackendPool(client)
+    pool.add("http://a/v1")
+    for _ in range(50):
+        pool.acquire()
+    pool.add("http://b/v1", "sglang")
+    assert {b.address: b.assigned for b in pool.list()} == {"http://a/v1": 50, "http://b/v1": 50}
+    generation = pool.clear()
+    assert pool.acquire() is None and generation == pool.generation() == 1
+    pool.add("http://c/v1")
+    assert pool.acquire().generation == 1
+
+
+def test_only_keys_module_spells_redis_keys():
+    pattern = re.compile(r"""["']prorl:""")
+    offenders = [str(p.relative_to(ROOT)) for folder in ("prorl_celery", "api", "handlers", "singularity")
+                 for p in (ROOT / folder).rglob("*.py") if p.name != "keys.py" and pattern.search(p.read_text())]
+    assert offenders == []
