@@ -5,7 +5,8 @@ key                                type    meaning
 =================================  ======  =====================================================
 prorl:job:<id>                     hash    job record: task, status, payload, stage results,
                                            timer (budget_s, active_s, resumed_at), stage
-                                           durations (init_s, run_s, eval_s), backend, result
+                                           durations (init_s, run_s, eval_s), backend, result,
+                                           lease_until of the executing stage
 prorl:job:<id>:done                stream  one entry when the job ends; waiters XREAD it, so a
                                            waiter that arrives late still sees it
 prorl:jobs:recent                  zset    job id -> creation time (trimmed), for listings
@@ -17,6 +18,7 @@ prorl:llm:backends                 zset    backend address -> jobs assigned (the
 prorl:llm:types                    hash    backend address -> protocol (vllm | sglang | llamacpp)
 prorl:llm:inflight                 hash    backend address -> jobs in RUN on it now
 prorl:llm:generation               string  bumped by /clear_llm_server
+prorl:reaper:lock                  string  owner of the lease reaper (expires, so a dead owner lapses)
 prorl:workers                      zset    worker name -> last heartbeat (unix time)
 prorl:worker:<name>                hash    worker's node, queues, pid, concurrency
 prorl:cancel                       pubsub  job ids being cancelled (a wake-up; the job record
@@ -38,6 +40,7 @@ LLM_TYPES = PREFIX + "llm:types"
 LLM_INFLIGHT = PREFIX + "llm:inflight"
 LLM_GENERATION = PREFIX + "llm:generation"
 WORKERS = PREFIX + "workers"
+REAPER_LOCK = PREFIX + "reaper:lock"
 CANCEL_CHANNEL = PREFIX + "cancel"
 
 

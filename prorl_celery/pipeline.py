@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -31,14 +32,18 @@ T = TypeVar("T")
 
 def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -> None:
     services = services or get_services()
-    claim = services.store.claim_stage(job_id, stage, {"node": services.settings.node})
+    claim = services.store.claim_stage(job_id, stage, {"node": services.settings.node, "worker_pid": os.getpid()})
     if not claim.ok:
         log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
         return
-    record = services.store.load(job_id)
-    job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
-    handler = get_handler(record["task"])
-    run_coro(_STAGES[stage](services, handler, job, record))
+    services.leases.hold(job_id)
+    try:
+        record = services.store.load(job_id)
+        job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
+        handler = get_handler(record["task"])
+        run_coro(_STAGES[stage](services, handler, job, record))
+    finally:
+        services.leases.release(job_id)
 
 
 def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:

@@ -12,6 +12,7 @@ from handlers import registry
 
 from .cancellation import CancelWatcher
 from .connection import get_redis, reset_clients
+from .leases import LeaseKeeper
 from .llm.pool import BackendPool
 from .settings import Settings, get_settings
 from .store import JobStore
@@ -36,6 +37,10 @@ class Services:
     @cached_property
     def cancel_watcher(self) -> CancelWatcher:
         return CancelWatcher(self.redis)
+
+    @cached_property
+    def leases(self) -> LeaseKeeper:
+        return LeaseKeeper(self.redis, self.settings.lease_s)
 
 
 _services: Services | None = None

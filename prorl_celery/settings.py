@@ -35,6 +35,9 @@ class Settings(BaseSettings):
 
     handlers: str = Field("", description="extra handlers, 'name=module:Class,...' (beside entry points)")
 
+    lease_s: float = Field(30.0, gt=0, description="a stage whose worker is silent this long is failed")
+    reaper_interval_s: float = Field(5.0, gt=0, description="how often the lease reaper looks")
+
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 

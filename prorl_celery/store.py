@@ -114,9 +114,13 @@ class JobStore:
     # -- transitions --------------------------------------------------------------------------
 
     def transition(
-        self, job_id: str, target: JobStatus, *, timer: str = "none", fields: dict[str, Any] | None = None
+        self, job_id: str, target: JobStatus, *, timer: str = "none", fields: dict[str, Any] | None = None,
+        only_from: JobStatus | None = None,
     ) -> Transition:
-        allowed = ",".join(sorted(s.value for s in ALLOWED_FROM[target]))
+        """Move the job to ``target`` if the table allows it from its current status
+        (narrowed to ``only_from`` when given)."""
+        sources = ALLOWED_FROM[target] & {only_from} if only_from else ALLOWED_FROM[target]
+        allowed = ",".join(sorted(s.value for s in sources)) or "-"
         reply = self._transition(
             keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS],
             args=[job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s,

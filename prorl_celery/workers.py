@@ -10,6 +10,7 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from . import keys
 from .celery_app import node_queue
+from .leases import Reaper
 from .services import get_services
 from .status import Stage
 
@@ -37,6 +38,9 @@ def start_heartbeat(sender, **_: object) -> None:
     thread = threading.Thread(target=_beat, args=(worker_name, queues, concurrency),
                               name="prorl-heartbeat", daemon=True)
     thread.start()
+    services = get_services()
+    Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
+           interval_s=services.settings.reaper_interval_s).start()
 
 
 @worker_shutdown.connect

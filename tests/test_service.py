@@ -1,11 +1,17 @@
 """The rollout service end to end: real gunicorn, Celery workers, Redis and LLM servers."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 
 import httpx
 import pytest
+import redis
+
+from prorl_celery import keys
+from prorl_celery.status import Stage
 
 from tests.conftest import eventually
 
@@ -240,3 +246,20 @@ def test_every_backend_protocol_is_token_exact(gateway, llm_servers, protocol):
         assert call["prompt_ids"] == full[:turn["context_len"]]
         assert call["logprobs"][:turn["output_len"]] == trajectory["response_logprobs"][
             turn["output_start"]:turn["output_start"] + turn["output_len"]]
+
+
+def test_killed_worker_ends_the_job_instead_of_leaving_it_running(gateway):
+    cluster = gateway.cluster
+    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120})
+    gateway.wait_for_stage(job_id, "run")
+    pid = int(redis.Redis.from_url(cluster.state_url).hget(keys.job(job_id), "worker_pid"))
+    victim = next(p for p in cluster.processes if p.popen.pid == pid)
+    os.kill(pid, signal.SIGKILL)
+    victim.popen.wait(10)
+    cluster.processes.remove(victim)
+    cluster.start_worker(Stage.RUN, 8)
+    result = gateway.result(job_id, wait=30)
+    assert (result["status"], result["critical_error"]) == ("failed", "run")
+    assert "worker lost during run" in result["error"]
+    cluster.wait_for_workers()
+    assert gateway.process({"data_source": "fault"})["status"] == "completed"

@@ -1,0 +1,434 @@
+"""Trainer-side clients of the rollout gateway: :class:`AsyncRolloutClient` and :class:`RolloutClient`.
+
+Submit jobs (``POST /jobs``), wait for them (``GET /jobs/<id>?wait=``), iterate results as they
+complete, cancel, register LLM servers, read the status. Every job id is made here before the
+first attempt, so a submit retried after a lost reply finds the job already created and never
+runs it twice. Requests that fail to connect, or get 502/503/504, are retried with exponential
+backoff (bounded by :class:`RetryPolicy`), moving on to the next gateway URL each time: several
+URLs of one deployment serve every job alike, since all state is in Redis.
+
+Errors::
+
+    ProrlError                                    (prorl_celery.errors; .code, .message)
+    ├── raised as the class the gateway's "code" names, with .status_code set:
+    │   BadRequest 400, UnknownTask 400, JobNotFound(KeyError) 404, PayloadTooLarge 413,
+    │   ServiceStopped 503 and NoBackend 503 (once the retries are spent)
+    └── ClientError                               raised by this module only
+        ├── RequestRejected                       any other 4xx
+        ├── GatewayError                          any other 5xx, or a reply that is not JSON
+        ├── GatewayUnavailable(ConnectionError)   no URL answered within the retry budget
+        └── WaitTimeout(TimeoutError)             wait() gave up; the job itself goes on
+
+:class:`RolloutClient` is the blocking facade: it runs one :class:`AsyncRolloutClient` on a
+private event-loop thread, so retries, fail-over and ``as_completed`` exist once.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from .errors import (BadRequest, JobNotFound, NoBackend, PayloadTooLarge, ProrlError,
+                     ServiceStopped, UnknownTask)
+from .status import TERMINAL
+
+T = TypeVar("T")
+TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL)
+RETRY_STATUSES = frozenset({502, 503, 504})
+#: gateway error codes raised as the project's own classes
+SERVER_ERRORS: dict[str, type[ProrlError]] = {
+    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, PayloadTooLarge, ServiceStopped, NoBackend)}
+
+
+class ClientError(ProrlError):
+    """An error seen by the client that the gateway's error tree does not name."""
+
+    code = "client_error"
+
+    def __init__(self, message: str, *, status_code: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        if code:
+            self.code = code
+
+
+class RequestRejected(ClientError):
+    """A 4xx whose code this client does not know; ``code`` and ``message`` are the gateway's."""
+
+
+class GatewayError(ClientError):
+    """A 5xx that is not retried, or a reply that is not the gateway's JSON."""
+
+
+class GatewayUnavailable(ClientError, ConnectionError):
+    """No gateway URL could be reached within the retry budget."""
+
+    code = "gateway_unavailable"
+
+
+class WaitTimeout(ClientError, TimeoutError):
+    """``wait`` ran out of time; the job still runs (wait again, or cancel it)."""
+
+    code = "wait_timeout"
+
+    def __init__(self, job_id: str, status: str | None) -> None:
+        super().__init__(f"job {job_id} has not ended (status {status})")
+        self.job_id, self.status = job_id, status
+
+
+def new_job_id(prefix: str = "") -> str:
+    """A fresh id matching the gateway's ``[A-Za-z0-9_.:-]{1,128}``."""
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Attempts ``attempts`` times at most, sleeping ``backoff_s * 2**k`` (capped, jittered)
+    between attempts, and gives up once ``deadline_s`` would be exceeded."""
+
+    attempts: int = 12
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    deadline_s: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return base * random.uniform(0.75, 1.25)
+
+
+@dataclass
+class JobRequest:
+    """One ``POST /jobs`` body; ``job_id`` is fixed at construction so retries reuse it."""
+
+    instance: dict[str, Any]
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    job_id: str = field(default_factory=new_job_id)
+    task: str | None = None
+    timeout_s: float | None = None
+
+    def body(self) -> dict[str, Any]:
+        body = {"instance": self.instance, "sampling_params": self.sampling_params, "job_id": self.job_id}
+        body.update({k: v for k, v in (("task", self.task), ("timeout_s", self.timeout_s)) if v is not None})
+        return body
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    cancelled: list[str]
+    #: job id -> its status when the cancel arrived (``completed``, ..., or ``not_found``)
+    not_cancelled: dict[str, str]
+
+
+def raise_for_reply(response: httpx.Response) -> None:
+    """Raise the error a non-2xx reply stands for (see the module docstring)."""
+    if response.is_success:
+        return
+    try:
+        body = response.json()
+        code, message = str(body["code"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "", response.text[:500] or response.reason_phrase
+    cls = SERVER_ERRORS.get(code)
+    if cls is not None and cls.http_status == response.status_code:
+        error = cls(message)
+        error.status_code = response.status_code  # type: ignore[attr-defined]
+        raise error
+    kind = RequestRejected if response.is_client_error else GatewayError
+    raise kind(f"{response.request.method} {response.request.url.path}: {response.status_code} "
+               f"{code or 'error'}: {message}", status_code=response.status_code, code=code or None)
+
+
+class AsyncRolloutClient:
+    """asyncio client of one rollout deployment (one or more gateway URLs).
+
+    ``max_waits`` bounds concurrent long-polls (each holds a gateway thread while it waits);
+    ``poll_s`` is the longest single ``?wait=``. ``transport`` replaces the network (tests).
+    """
+
+    def __init__(self, urls: str | Sequence[str], *, retry: RetryPolicy | None = None,
+                 timeout_s: float = 30.0, poll_s: float = 20.0, max_waits: int = 128,
+                 submit_concurrency: int = 16, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
+        if not self.urls:
+            raise ValueError("give at least one gateway URL")
+        self.retry = retry or RetryPolicy()
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._current = 0
+        #: attempts that failed and were retried (connection errors, 502/503/504), for monitoring
+        self.retried = 0
+        self._wait_slots = asyncio.Semaphore(max_waits)
+        self._submit_slots = asyncio.Semaphore(submit_concurrency)
+        limits = httpx.Limits(max_connections=max_waits + submit_concurrency + 8,
+                              max_keepalive_connections=max_waits + submit_concurrency)
+        self._http = httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport)
+
+    async def __aenter__(self) -> "AsyncRolloutClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- transport with retries and fail-over ------------------------------------------------
+
+    async def request(self, method: str, path: str, *, json: Any = None, params: Mapping | None = None,
+                      timeout_s: float | None = None, idempotent: bool = True) -> httpx.Response:
+        """Send to the current URL; on a connection error or 502/503/504, back off and fail over.
+
+        A non-idempotent request is retried only when it certainly never reached a gateway.
+        """
+        started, attempt = time.monotonic(), 0
+        while True:
+            url = self.urls[self._current]
+            try:
+                response = await self._http.request(method, url + path, json=json, params=params,
+                                                    timeout=timeout_s or self.timeout_s)
+            except httpx.TransportError as error:
+                if not idempotent and not isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+                    raise GatewayUnavailable(f"{method} {path} on {url}: {error!r}") from error
+                failure: httpx.Response | Exception = error
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    raise_for_reply(response)
+                    return response
+                failure = response
+            self._fail_over(url)
+            self.retried += 1
+            attempt += 1
+            delay = self.retry.delay(attempt)
+            if attempt >= self.retry.attempts or time.monotonic() - started + delay > self.retry.deadline_s:
+                return self._give_up(method, path, failure, attempt)
+            await asyncio.sleep(delay)
+
+    def _fail_over(self, url: str) -> None:
+        if self.urls[self._current] == url:  # another request may have moved on already
+            self._current = (self._current + 1) % len(self.urls)
+
+    def _give_up(self, method: str, path: str, failure: httpx.Response | Exception, attempts: int):
+        if isinstance(failure, httpx.Response):
+            raise_for_reply(failure)
+        raise GatewayUnavailable(f"{method} {path}: no gateway of {self.urls} answered after {attempts} "
+                                 f"attempts; last error {failure!r}") from failure
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    async def submit(self, instance: dict[str, Any], *, sampling_params: dict[str, Any] | None = None,
+                     job_id: str | None = None, task: str | None = None, timeout_s: float | None = None) -> str:
+        """Create one job; returns its id (the given one, or a fresh one)."""
+        request = JobRequest(instance, sampling_params or {}, job_id or new_job_id(), task, timeout_s)
+        return await self.submit_request(request)
+
+    async def submit_request(self, request: JobRequest) -> str:
+        async with self._submit_slots:
+            response = await self.request("POST", "/jobs", json=request.body())
+        return response.json()["job_id"]
+
+    async def submit_many(self, requests: Iterable[JobRequest]) -> list[str]:
+        """Create every job (``submit_concurrency`` at a time); ids in the order given."""
+        return list(await asyncio.gather(*(self.submit_request(r) for r in requests)))
+
+    async def poll(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """The result (``status`` terminal) or the pending record, after waiting up to ``wait_s``."""
+        response = await self.request("GET", f"/jobs/{quote(job_id, safe='')}", params={"wait": wait_s},
+                                      timeout_s=wait_s + self.timeout_s)
+        return response.json()
+
+    async def wait(self, job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """The job's result once it has ended; WaitTimeout after ``timeout_s`` (None: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = self.poll_s if deadline is None else max(0.0, min(self.poll_s, deadline - time.monotonic()))
+            async with self._wait_slots:
+                reply = await self.poll(job_id, round(left, 3))
+            if reply.get("status") in TERMINAL_STATUSES:
+                return reply
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(job_id, reply.get("status"))
+
+    async def wait_all(self, job_ids: Sequence[str], timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Every result, in the order of ``job_ids``."""
+        return list(await asyncio.gather(*(self.wait(j, timeout_s) for j in job_ids)))
+
+    async def as_completed(self, job_ids: Iterable[str],
+                           timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Yield each job's result as it ends; leaving the loop early stops the waiting."""
+        tasks = [asyncio.ensure_future(self.wait(j, timeout_s)) for j in job_ids]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def process(self, instance: dict[str, Any], *, timeout_s: float | None = None,
+                      wait_timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Submit and wait (like ``POST /process``, but resumable by job id across failures)."""
+        job_id = await self.submit(instance, timeout_s=timeout_s, **fields)
+        return await self.wait(job_id, wait_timeout_s)
+
+    async def cancel(self, job_ids: str | Iterable[str]) -> CancelOutcome:
+        """Cancel jobs not yet ended; ended ones are reported with their status."""
+        ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
+        if not ids:
+            return CancelOutcome([], {})
+        reply = (await self.request("POST", "/cancel", json={"job_ids": ids})).json()
+        return CancelOutcome(reply["cancelled"], reply["not_cancelled"])
+
+    # -- backends and status -----------------------------------------------------------------------
+
+    async def add_llm_server(self, address: str, type: str = "vllm") -> dict[str, Any]:
+        """Register a backend (idempotent); returns ``{"address", "type", "added", "generation"}``."""
+        return (await self.request("POST", "/add_llm_server", json={"address": address, "type": type})).json()
+
+    async def clear_llm_servers(self) -> int:
+        """Forget every backend; returns the new generation. Retried only if never sent."""
+        return (await self.request("POST", "/clear_llm_server", idempotent=False)).json()["generation"]
+
+    async def llm_servers(self) -> dict[str, Any]:
+        return (await self.request("GET", "/llm_servers")).json()
+
+    async def status(self) -> dict[str, Any]:
+        return (await self.request("GET", "/status")).json()
+
+
+class LoopThread:
+    """An event loop on a daemon thread; ``run`` executes a coroutine there and blocks."""
+
+    def __init__(self, name: str = "prorl-client") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class RolloutClient:
+    """Blocking client; same methods and arguments as :class:`AsyncRolloutClient`."""
+
+    def __init__(self, urls: str | Sequence[str], **options: Any) -> None:
+        self._thread = LoopThread()
+        self.aio: AsyncRolloutClient = self._thread.run(_make_async(urls, options))
+
+    def __enter__(self) -> "RolloutClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._thread.loop.is_closed():
+            self._thread.run(self.aio.aclose())
+            self._thread.close()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        """Run a coroutine of :attr:`aio` (or anything else) on the client's loop."""
+        return self._thread.run(coro)
+
+    @property
+    def urls(self) -> list[str]:
+        return self.aio.urls
+
+    def submit(self, instance: dict[str, Any], **fields: Any) -> str:
+        return self.run(self.aio.submit(instance, **fields))
+
+    def submit_request(self, request: JobRequest) -> str:
+        return self.run(self.aio.submit_request(request))
+
+    def submit_many(self, requests: Iterable[JobRequest]) -> list[str]:
+        return self.run(self.aio.submit_many(list(requests)))
+
+    def poll(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        return self.run(self.aio.poll(job_id, wait_s))
+
+    def wait(self, job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        return self.run(self.aio.wait(job_id, timeout_s))
+
+    def wait_all(self, job_ids: Sequence[str], timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return self.run(self.aio.wait_all(job_ids, timeout_s))
+
+    def as_completed(self, job_ids: Iterable[str], timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
+        results = self.aio.as_completed(list(job_ids), timeout_s)
+        try:
+            while True:
+                try:
+                    yield self.run(results.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.run(results.aclose())
+
+    def process(self, instance: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        return self.run(self.aio.process(instance, **fields))
+
+    def cancel(self, job_ids: str | Iterable[str]) -> CancelOutcome:
+        return self.run(self.aio.cancel(job_ids))
+
+    def add_llm_server(self, address: str, type: str = "vllm") -> dict[str, Any]:
+        return self.run(self.aio.add_llm_server(address, type))
+
+    def clear_llm_servers(self) -> int:
+        return self.run(self.aio.clear_llm_servers())
+
+    def llm_servers(self) -> dict[str, Any]:
+        return self.run(self.aio.llm_servers())
+
+    def status(self) -> dict[str, Any]:
+        return self.run(self.aio.status())
+
+
+async def _make_async(urls: str | Sequence[str], options: dict[str, Any]) -> AsyncRolloutClient:
+    return AsyncRolloutClient(urls, **options)  # built on its loop: the semaphores belong there
+
+
+def distribute_backends(deployments: Mapping[str, RolloutClient], backends: Sequence[str], *,
+                        type: str = "vllm", clear: bool = True) -> dict[str, list[str]]:
+    """Assign ``backends`` to deployments (same node first, then round robin; see
+    :mod:`prorl_celery.assignment`) and register each share with its deployment.
+
+    ``deployments`` maps a name holding the node's address (its gateway URL) to its client.
+    With ``clear``, each deployment's old backends are cleared first (after a weight update).
+    """
+    from .assignment import assign_backends
+
+    plan = assign_backends(list(deployments), backends)
+    for name, share in plan.items():
+        client = deployments[name]
+        if clear:
+            client.clear_llm_servers()
+        for address in share:
+            client.add_llm_server(address, type)
+    return plan
+
+
+async def adistribute_backends(deployments: Mapping[str, AsyncRolloutClient], backends: Sequence[str], *,
+                               type: str = "vllm", clear: bool = True) -> dict[str, list[str]]:
+    """:func:`distribute_backends` for asyncio clients."""
+    from .assignment import assign_backends
+
+    plan = assign_backends(list(deployments), backends)
+    for name, share in plan.items():
+        client = deployments[name]
+        if clear:
+            await client.clear_llm_servers()
+        for address in share:
+            await client.add_llm_server(address, type)
+    return plan

@@ -1,0 +1,505 @@
+"""DAPO batch collection over the rollout service: continuous replenishment, early termination
+and carry-over.
+
+The trainer calls ``batch = collector.next_batch()`` once per step and gets exactly
+``batch_groups`` (B) *informative* groups of ``group_size`` (n) rollouts of one prompt each:
+
+* **replenishment**: ``max_in_flight`` (N) rollouts are kept running in the service; the moment
+  one ends another is submitted (the rest of the current prompt's group, then the next prompt
+  from the stream), never waiting for a batch;
+* **filtering**: a complete group whose rewards the ``group_filter`` rejects (by default: all
+  equal, i.e. all right or all wrong) is dropped and counted as ``filtered``;
+* **early termination**: when the B-th informative group completes, the step ends. Groups still
+  unfinished are either *carried over* (kept running; their results count in the next step) or
+  *cancelled* with ``POST /cancel``. A group is carried over when it is young enough
+  (``max_staleness``), already proven useful (the filter accepts its partial rewards) or at least
+  ``carry_min_done`` finished, and within ``max_carry_groups`` (default B), proven ones first;
+* **tags**: every :class:`Rollout` keeps the ``step`` it was submitted in, the ``batch_step`` of
+  the batch it is returned in (``carried_over`` when later) and the backend ``generation`` the
+  service ran it under (bumped by ``/clear_llm_server`` after a weight update), so the trainer
+  can weigh or drop stale samples.
+
+Rollouts that do not end ``completed`` follow a policy per status: ``on_timeout`` (default
+``"zero"``: the rollout stays in its group with reward 0, as an over-long answer would) and
+``on_failed`` for ``failed`` and externally ``cancelled`` (default ``"drop"``: the group is
+discarded, so infrastructure faults never become a learning signal). ``"retry"`` resubmits the
+rollout under a new job id (``max_retries`` per group, then drop).
+
+Job ids are made by the collector before submission, so a submit or wait interrupted by a
+gateway restart is resumed by id: nothing runs twice and no result is lost. Each step's
+:class:`StepStats` records submitted, completed, cancelled, filtered, carried over, wall time
+and, given a ``busy_probe``, the fraction of the step the backends were busy.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .client import (AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient)
+from .errors import BadRequest, JobNotFound
+
+log = logging.getLogger(__name__)
+FailurePolicy = Literal["zero", "drop", "retry"]
+#: cumulative backend busy time, in seconds per unit of capacity (a float, or awaitable)
+BusyProbe = Callable[[], "float | Awaitable[float]"]
+
+
+def not_all_equal(rewards: Sequence[float]) -> bool:
+    """The default filter: a group is informative unless every reward is the same."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+class PromptsExhausted(Exception):
+    """The prompt stream ended and nothing is left in flight."""
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    group_size: int
+    batch_groups: int
+    #: rollouts kept running in the service (default 2 * B * n)
+    max_in_flight: int | None = None
+    group_filter: Callable[[Sequence[float]], bool] = not_all_equal
+    on_failed: FailurePolicy = "drop"
+    on_timeout: FailurePolicy = "zero"
+    max_retries: int = 2
+    carry_over: bool = True
+    #: a rollout lands in a batch at most this many steps after the step it was submitted in
+    max_staleness: int = 1
+    carry_min_done: float = 0.5
+    max_carry_groups: int | None = None
+    #: a step returns what it has (fewer than B groups) after this long
+    step_timeout_s: float | None = None
+    #: the default request: instance + these (see AsyncDAPOCollector.make_request)
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    task: str | None = None
+    timeout_s: float | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self.max_in_flight or 2 * self.batch_groups * self.group_size
+
+
+@dataclass
+class Rollout:
+    job_id: str
+    group_key: int
+    index: int
+    #: step the rollout was submitted in
+    step: int
+    status: str | None = None
+    #: reward used for the group (0.0 for a timeout under "zero")
+    reward: float | None = None
+    generation: int | None = None
+    #: step of the batch the rollout's group was returned in
+    batch_step: int | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def carried_over(self) -> bool:
+        """Submitted in an earlier step than the batch it is returned in."""
+        return self.batch_step is not None and self.batch_step > self.step
+
+
+@dataclass
+class Group:
+    key: int
+    prompt_id: str
+    instance: dict[str, Any]
+    size: int
+    first_step: int
+    rollouts: dict[int, Rollout] = field(default_factory=dict)
+    retries: int = 0
+
+    @property
+    def finished(self) -> list[Rollout]:
+        return [r for r in self.rollouts.values() if r.reward is not None]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in sorted(self.finished, key=lambda r: r.index)]  # type: ignore[misc]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.finished) == self.size
+
+    @property
+    def ordered(self) -> list[Rollout]:
+        return [self.rollouts[i] for i in sorted(self.rollouts)]
+
+
+@dataclass
+class StepStats:
+    step: int
+    submitted: int = 0
+    #: results received (any status)
+    completed: int = 0
+    #: rollouts the service confirmed cancelled at the end of the step (or with a dropped group)
+    cancelled: int = 0
+    #: complete groups dropped by the filter
+    filtered: int = 0
+    #: groups dropped for failed rollouts (on_failed/on_timeout "drop", retries spent, rejected)
+    failed_groups: int = 0
+    retried: int = 0
+    #: complete informative groups dropped for exceeding max_staleness
+    stale: int = 0
+    #: results of groups already dropped, or of jobs ended before their cancel arrived
+    discarded: int = 0
+    #: rollouts from earlier steps still in flight (or unread) when this step began
+    carried_in: int = 0
+    #: rollouts left running into the next step, and their groups
+    carried_over: int = 0
+    carried_groups: int = 0
+    informative: int = 0
+    wall_s: float = 0.0
+    busy_fraction: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Batch:
+    step: int
+    groups: list[Group]
+    stats: StepStats
+    cancelled_job_ids: list[str] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.ordered]
+
+
+class AsyncDAPOCollector:
+    """See the module docstring. ``prompts`` yields task instances (dicts); ``make_request``
+    (group, rollout index) -> ``{"instance", "sampling_params"?, "task"?, "timeout_s"?}``
+    replaces the default request, e.g. to vary the seed per rollout."""
+
+    def __init__(self, client: AsyncRolloutClient, prompts: Iterable[dict[str, Any]],
+                 config: CollectorConfig | None = None, *,
+                 make_request: Callable[[Group, int], dict[str, Any]] | None = None,
+                 busy_probe: BusyProbe | None = None, run_id: str | None = None, **options: Any) -> None:
+        self.client = client
+        self.config = config or CollectorConfig(**options)
+        self.make_request = make_request or self.default_request
+        self.busy_probe = busy_probe
+        self.run_id = run_id or uuid.uuid4().hex[:10]
+        self.step = 0
+        self._prompts: Iterator[dict[str, Any]] = iter(prompts)
+        self._exhausted = False
+        self._next_key = 0
+        self._groups: dict[int, Group] = {}
+        self._pending: deque[tuple[int, int]] = deque()  # (group key, index) not yet submitted
+        self._watchers: dict[str, tuple[Rollout, asyncio.Task]] = {}
+        self._results: asyncio.Queue[tuple[Rollout, dict[str, Any] | Exception]] = asyncio.Queue()
+        self._orphans: list[Rollout] = []  # rollouts whose wait failed; watched again next step
+        self._ready: list[Group] = []  # informative groups completed beyond the last batch
+        self._to_cancel: list[str] = []
+        self._cancelled_ids: list[str] = []
+
+    def default_request(self, group: Group, index: int) -> dict[str, Any]:
+        """The prompt's instance with ``instance_id``/``trajectory_id`` and the config's fields."""
+        instance = {**group.instance, "instance_id": group.prompt_id, "trajectory_id": f"{group.prompt_id}-{index}"}
+        return {"instance": instance, "sampling_params": dict(self.config.sampling_params),
+                "task": self.config.task, "timeout_s": self.config.timeout_s}
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    async def next_batch(self) -> Batch:
+        """Collect B informative groups (fewer only on step timeout or an exhausted stream)."""
+        self.step += 1
+        carried_in = len(self._watchers) + self._results.qsize() + sum(g.size for g in self._ready)
+        stats = StepStats(self.step, carried_in=carried_in)
+        started, busy_before = time.monotonic(), await self._busy()
+        self._cancelled_ids = []
+        for rollout in self._orphans:
+            self._watch(rollout)
+        self._orphans.clear()
+        groups = self._take_ready(stats)
+        while len(groups) < self.config.batch_groups:
+            await self._flush_cancels(stats)
+            await self._replenish(stats)
+            if not self._watchers and self._results.empty():
+                break  # nothing running and nothing left to submit
+            item = await self._next_result(started)
+            if item is None:
+                break
+            group = self._collect(*item, stats)
+            if group is not None:
+                groups.append(group)
+        await self._end_step(stats)
+        for rollout in (r for g in groups for r in g.rollouts.values()):
+            rollout.batch_step = self.step
+        stats.informative, stats.wall_s = len(groups), time.monotonic() - started
+        busy_after = await self._busy()
+        if busy_before is not None and busy_after is not None and stats.wall_s > 0:
+            stats.busy_fraction = (busy_after - busy_before) / stats.wall_s
+        if not groups and self._exhausted and not self._watchers and not self._ready:
+            raise PromptsExhausted(f"the prompt stream ended (step {self.step})")
+        return Batch(self.step, groups, stats, self._cancelled_ids)
+
+    async def _next_result(self, started: float) -> tuple[Rollout, Any] | None:
+        timeout = self.config.step_timeout_s
+        if timeout is None:
+            return await self._results.get()
+        try:
+            return await asyncio.wait_for(self._results.get(), max(0.0, started + timeout - time.monotonic()))
+        except asyncio.TimeoutError:
+            return None
+
+    def _take_ready(self, stats: StepStats) -> list[Group]:
+        """Groups completed after the last batch was cut, if still fresh enough."""
+        ready, self._ready = self._ready, []
+        fresh = [g for g in ready if self.step - g.first_step <= self.config.max_staleness]
+        stats.stale += len(ready) - len(fresh)
+        self._ready = fresh[self.config.batch_groups:]
+        return fresh[:self.config.batch_groups]
+
+    # -- submitting ----------------------------------------------------------------------------------
+
+    async def _replenish(self, stats: StepStats) -> None:
+        """Submit until ``max_in_flight`` rollouts run (or nothing is left to submit)."""
+        batch: list[Rollout] = []
+        while len(self._watchers) + len(batch) < self.config.in_flight:
+            slot = self._next_slot()
+            if slot is None:
+                break
+            group, index = slot
+            # the same id when a failed submission is repeated; a new one for each retry
+            rollout = Rollout(f"{self.run_id}-{group.key}-{index}-{group.retries}", group.key, index, self.step)
+            group.rollouts[index] = rollout
+            batch.append(rollout)
+        if batch:
+            outcomes = await asyncio.gather(*(self._submit(r) for r in batch), return_exceptions=True)
+            errors = [self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes)]
+            for error in errors:
+                if error is not None:
+                    raise error
+
+    def _next_slot(self) -> tuple[Group, int] | None:
+        while self._pending:
+            key, index = self._pending.popleft()
+            if key in self._groups:
+                return self._groups[key], index
+        if self._exhausted:
+            return None
+        try:
+            instance = next(self._prompts)
+        except StopIteration:
+            self._exhausted = True
+            return None
+        key, self._next_key = self._next_key, self._next_key + 1
+        prompt_id = str(instance.get("instance_id") or f"p{key}")
+        group = self._groups[key] = Group(key, prompt_id, instance, self.config.group_size, self.step)
+        self._pending.extend((key, i) for i in range(1, group.size))
+        return group, 0
+
+    async def _submit(self, rollout: Rollout) -> str:
+        group = self._groups[rollout.group_key]
+        fields = {k: v for k, v in self.make_request(group, rollout.index).items() if v is not None}
+        return await self.client.submit_request(JobRequest(job_id=rollout.job_id, **fields))
+
+    def _submitted(self, rollout: Rollout, outcome: str | BaseException,
+                   stats: StepStats) -> BaseException | None:
+        """Watch a submitted rollout; returns the error to raise when the gateway failed."""
+        group = self._groups.get(rollout.group_key)
+        if isinstance(outcome, (BadRequest, RequestRejected)):
+            log.warning("rollout %s rejected, dropping its group: %s", rollout.job_id, outcome)
+            if group is not None:
+                self._drop(group, stats)
+            return None
+        if isinstance(outcome, BaseException):  # unreachable gateway, stopped service: resubmit later
+            if group is not None:
+                self._pending.appendleft((group.key, rollout.index))
+                group.rollouts.pop(rollout.index, None)
+            return outcome
+        stats.submitted += 1
+        if group is None:  # dropped while its siblings were being submitted
+            self._to_cancel.append(rollout.job_id)
+        else:
+            self._watch(rollout)
+        return None
+
+    def _watch(self, rollout: Rollout) -> None:
+        task = asyncio.ensure_future(self._wait(rollout))
+        self._watchers[rollout.job_id] = (rollout, task)
+
+    async def _wait(self, rollout: Rollout) -> None:
+        try:
+            outcome: dict[str, Any] | Exception = await self.client.wait(rollout.job_id)
+        except Exception as error:  # noqa: BLE001 - handed to next_batch, which decides
+            outcome = error
+        self._watchers.pop(rollout.job_id, None)
+        self._results.put_nowait((rollout, outcome))
+
+    # -- results -------------------------------------------------------------------------------------
+
+    def _collect(self, rollout: Rollout, outcome: dict[str, Any] | Exception, stats: StepStats) -> Group | None:
+        """Record one result; returns its group when that completes informative."""
+        if isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound):
+            self._orphans.append(rollout)  # the job still runs; watch it again next step
+            raise outcome
+        group = self._groups.get(rollout.group_key)
+        if group is None or group.rollouts.get(rollout.index) is not rollout:
+            stats.discarded += 1
+            return None
+        stats.completed += 1
+        result = outcome if isinstance(outcome, dict) else {"status": "failed", "error": str(outcome)}
+        rollout.result, rollout.status = result, result["status"]
+        rollout.generation = result.get("generation")
+        if rollout.status == "completed":
+            rollout.reward = float(result.get("reward") or 0.0)
+        elif not self._apply_failure_policy(group, rollout, stats):
+            return None
+        if not group.complete:
+            return None
+        del self._groups[group.key]
+        if self.config.group_filter(group.rewards):
+            return group
+        stats.filtered += 1
+        return None
+
+    def _apply_failure_policy(self, group: Group, rollout: Rollout, stats: StepStats) -> bool:
+        """True when the rollout stays in its group (with reward 0)."""
+        policy = self.config.on_timeout if rollout.status == "timeout" else self.config.on_failed
+        if policy == "zero":
+            rollout.reward = 0.0
+            return True
+        if policy == "retry" and group.retries < self.config.max_retries:
+            group.retries += 1
+            stats.retried += 1
+            self._pending.appendleft((group.key, rollout.index))
+            return False
+        self._drop(group, stats)
+        return False
+
+    def _drop(self, group: Group, stats: StepStats) -> None:
+        """Forget a group and cancel its rollouts still running."""
+        self._groups.pop(group.key, None)
+        stats.failed_groups += 1
+        self._cancel_rollouts(group)
+
+    def _cancel_rollouts(self, group: Group) -> None:
+        for rollout in group.rollouts.values():
+            watched = self._watchers.pop(rollout.job_id, None)
+            if watched is not None:
+                watched[1].cancel()
+                self._to_cancel.append(rollout.job_id)
+
+    async def _flush_cancels(self, stats: StepStats) -> list[str]:
+        ids, self._to_cancel = self._to_cancel, []
+        if not ids:
+            return []
+        outcome = await self.client.cancel(ids)
+        stats.cancelled += len(outcome.cancelled)
+        stats.discarded += len(outcome.not_cancelled)
+        self._cancelled_ids.extend(outcome.cancelled)
+        return outcome.cancelled
+
+    # -- the end of a step ---------------------------------------------------------------------------
+
+    async def _end_step(self, stats: StepStats) -> None:
+        """Read results already in, carry over the useful unfinished groups, cancel the rest."""
+        while not self._results.empty():
+            rollout, outcome = self._results.get_nowait()
+            if isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound):
+                self._orphans.append(rollout)
+                continue
+            group = self._collect(rollout, outcome, stats)
+            if group is not None:
+                self._ready.append(group)
+        keep = self._carry_candidates()
+        for group in list(self._groups.values()):
+            if group.key not in keep:
+                del self._groups[group.key]
+                self._cancel_rollouts(group)
+        stats.carried_groups = len(keep)
+        stats.carried_over = sum(1 for r, _ in self._watchers.values() if r.group_key in keep)
+        await self._flush_cancels(stats)
+
+    def _carry_candidates(self) -> set[int]:
+        config = self.config
+        if not config.carry_over:
+            return set()
+        limit = config.batch_groups if config.max_carry_groups is None else config.max_carry_groups
+        scored = []
+        for group in self._groups.values():
+            if self.step + 1 - group.first_step > config.max_staleness:
+                continue
+            proven = len(group.finished) >= 2 and config.group_filter(group.rewards)
+            progress = len(group.finished) / group.size
+            if proven or progress >= config.carry_min_done:
+                scored.append((not proven, -progress, group.key))
+        return {key for _, _, key in sorted(scored)[:limit]}
+
+    async def _busy(self) -> float | None:
+        if self.busy_probe is None:
+            return None
+        value = self.busy_probe()
+        return float(await value) if inspect.isawaitable(value) else float(value)
+
+    # -- lifetime --------------------------------------------------------------------------------------
+
+    async def batches(self) -> AsyncIterator[Batch]:
+        """``async for batch in collector.batches()`` until the prompt stream is used up."""
+        while True:
+            try:
+                yield await self.next_batch()
+            except PromptsExhausted:
+                return
+
+    async def aclose(self, cancel: bool = True) -> None:
+        """Stop watching; with ``cancel``, cancel every rollout still running in the service."""
+        ids = list(self._watchers)
+        for _, task in self._watchers.values():
+            task.cancel()
+        self._watchers.clear()
+        self._groups.clear()
+        self._pending.clear()
+        if cancel and ids:
+            await self.client.cancel(ids)
+
+
+class DAPOCollector:
+    """Blocking :class:`AsyncDAPOCollector`, on the loop of a :class:`RolloutClient`: results keep
+    arriving while the trainer computes its update between two ``next_batch`` calls."""
+
+    def __init__(self, client: RolloutClient, prompts: Iterable[dict[str, Any]],
+                 config: CollectorConfig | None = None, **options: Any) -> None:
+        self.client = client
+        self.aio: AsyncDAPOCollector = client.run(_make_async(client.aio, prompts, config, options))
+
+    def __enter__(self) -> "DAPOCollector":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def step(self) -> int:
+        return self.aio.step
+
+    def next_batch(self) -> Batch:
+        return self.client.run(self.aio.next_batch())
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            try:
+                yield self.next_batch()
+            except PromptsExhausted:
+                return
+
+    def close(self, cancel: bool = True) -> None:
+        self.client.run(self.aio.aclose(cancel))
+
+
+async def _make_async(client: AsyncRolloutClient, prompts: Iterable[dict[str, Any]],
+                      config: CollectorConfig | None, options: dict[str, Any]) -> AsyncDAPOCollector:
+    return AsyncDAPOCollector(client, prompts, config, **options)

@@ -1,0 +1,116 @@
+"""Stage leases: a job whose worker died mid-stage ends as ``failed`` instead of hanging.
+
+A stage's lease starts when it is claimed (``status_at``) and is renewed every ``lease_s / 3``
+by a thread of the worker process executing it. One reaper at a time (a Redis lock with a TTL,
+so a dead reaper's lock lapses) ends every job in an executing status whose lease has run out.
+A stage that comes back after being reaped finds the job terminal: its transitions are no-ops.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+import redis
+
+from . import keys
+from .status import JobStatus, Stage
+from .store import JobStore, load_script
+
+log = logging.getLogger(__name__)
+EXECUTING = frozenset(stage.value for stage in Stage)
+
+
+class LeaseKeeper:
+    """Renews the leases of the stages this process is executing."""
+
+    def __init__(self, client: redis.Redis, lease_s: float) -> None:
+        self.redis = client
+        self.lease_s = lease_s
+        self._renew = load_script(client, "renew_leases")
+        self._jobs: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, job_id: str) -> None:
+        with self._lock:
+            self._jobs[job_id] += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="prorl-leases", daemon=True)
+                self._thread.start()
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            self._jobs[job_id] -= 1
+            if self._jobs[job_id] <= 0:
+                del self._jobs[job_id]
+
+    def renew_now(self) -> int:
+        with self._lock:
+            held = [keys.job(job_id) for job_id in self._jobs]
+        return int(self._renew(keys=held, args=[self.lease_s])) if held else 0
+
+    def _loop(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(self.lease_s / 3):
+            try:
+                self.renew_now()
+            except redis.RedisError as error:
+                log.warning("lease renewal failed: %s", error)
+
+
+def expired_jobs(store: JobStore, lease_s: float) -> list[tuple[str, Stage]]:
+    """Jobs in an executing status whose lease ran out, with the stage they were in."""
+    job_ids = store.active_job_ids()
+    if not job_ids:
+        return []
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hmget(keys.job(job_id), ["status", "status_at", "lease_until"])
+    now = store.server_time()
+    expired = []
+    for job_id, (status, status_at, lease_until) in zip(job_ids, pipe.execute()):
+        if status not in EXECUTING or not status_at:
+            continue
+        deadline = max(float(status_at) + lease_s, float(lease_until or 0))
+        if deadline < now:
+            expired.append((job_id, Stage(status)))
+    return expired
+
+
+def reap_expired(store: JobStore, lease_s: float) -> list[str]:
+    """End every job whose stage lost its worker; returns their ids."""
+    reaped = []
+    for job_id, stage in expired_jobs(store, lease_s):
+        reason = f"worker lost during {stage.value}: its lease expired (no heartbeat for {lease_s:.0f} s)"
+        if store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=stage.active,
+                            fields={"critical_error": stage.value, "error": reason}).ok:
+            log.warning("job %s: %s", job_id, reason)
+            reaped.append(job_id)
+    return reaped
+
+
+class Reaper:
+    """Runs ``reap_expired`` every ``interval_s`` in one process of the cluster at a time."""
+
+    def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float) -> None:
+        self.store, self.owner = store, owner
+        self.lease_s, self.interval_s = lease_s, interval_s
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="prorl-reaper", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                lock_s = max(1, int(self.interval_s * 2))
+                if self.store.redis.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s) or \
+                        self.store.redis.get(keys.REAPER_LOCK) == self.owner:
+                    self.store.redis.expire(keys.REAPER_LOCK, lock_s)
+                    reap_expired(self.store, self.lease_s)
+            except redis.RedisError as error:
+                log.warning("reaper: %s", error)
