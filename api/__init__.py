@@ -10,7 +10,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     """Build the Flask app; configuration comes from ``PRORL_*`` environment variables."""
     from . import errors, routes, status_views
 
+    from handlers import load_handlers
+    from prorl_celery.services import get_services
+
     settings = settings or get_settings()
+    get_services()  # applies PRORL_HANDLERS to the registry
+    load_handlers()  # import every task family at start-up, not in the first request
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json.sort_keys = False

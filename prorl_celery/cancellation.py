@@ -28,14 +28,15 @@ class CancelWatcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def watch(self, job_id: str) -> asyncio.Event:
-        """An event set when ``job_id`` is cancelled; call from the stage's event loop."""
+    def watch(self, job_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """An event, set on ``loop`` when ``job_id`` is cancelled from now on.
+
+        Register before the stage claims the job: the claim then covers any earlier cancel.
+        """
         self._ensure_started()
         event = asyncio.Event()
         with self._lock:
-            self._watched.setdefault(job_id, []).append((asyncio.get_running_loop(), event))
-        if self._is_cancelled(job_id):
-            event.set()
+            self._watched.setdefault(job_id, []).append((loop, event))
         return event
 
     def unwatch(self, job_id: str, event: asyncio.Event) -> None:
@@ -45,9 +46,6 @@ class CancelWatcher:
                 self._watched[job_id] = entries
             else:
                 self._watched.pop(job_id, None)
-
-    def _is_cancelled(self, job_id: str) -> bool:
-        return self.redis.hget(keys.job(job_id), "status") in (None, JobStatus.CANCELLED.value)
 
     def _wake(self, job_id: str) -> None:
         with self._lock:

@@ -326,7 +326,11 @@ class RolloutClient:
 
     def __init__(self, urls: str | Sequence[str], **options: Any) -> None:
         self._thread = LoopThread()
-        self.aio: AsyncRolloutClient = self._thread.run(_make_async(urls, options))
+        try:
+            self.aio: AsyncRolloutClient = self._thread.run(_make_async(urls, options))
+        except BaseException:
+            self._thread.close()
+            raise
 
     def __enter__(self) -> "RolloutClient":
         return self

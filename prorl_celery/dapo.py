@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from .client import (AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient)
-from .errors import BadRequest, JobNotFound
+from .errors import BadRequest, JobNotFound, ProrlError
 
 log = logging.getLogger(__name__)
 FailurePolicy = Literal["zero", "drop", "retry"]
@@ -58,6 +58,12 @@ def not_all_equal(rewards: Sequence[float]) -> bool:
 
 class PromptsExhausted(Exception):
     """The prompt stream ended and nothing is left in flight."""
+
+
+class RolloutsFailing(ProrlError):
+    """Too many rollouts in a row ended without completing: the service or a backend is broken."""
+
+    code = "rollouts_failing"
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class CollectorConfig:
     max_carry_groups: int | None = None
     #: a step returns what it has (fewer than B groups) after this long
     step_timeout_s: float | None = None
+    #: raise RolloutsFailing after this many rollouts in a row did not complete (default 2 N)
+    max_failures_in_row: int | None = None
     #: the default request: instance + these (see AsyncDAPOCollector.make_request)
     sampling_params: dict[str, Any] = field(default_factory=dict)
     task: str | None = None
@@ -85,6 +93,10 @@ class CollectorConfig:
     @property
     def in_flight(self) -> int:
         return self.max_in_flight or 2 * self.batch_groups * self.group_size
+
+    @property
+    def failure_limit(self) -> int:
+        return self.max_failures_in_row or 2 * self.in_flight
 
 
 @dataclass
@@ -196,13 +208,16 @@ class AsyncDAPOCollector:
         self._exhausted = False
         self._next_key = 0
         self._groups: dict[int, Group] = {}
-        self._pending: deque[tuple[int, int]] = deque()  # (group key, index) not yet submitted
+        #: (group key, index, job id if one was already tried) of rollouts not yet submitted
+        self._pending: deque[tuple[int, int, str | None]] = deque()
         self._watchers: dict[str, tuple[Rollout, asyncio.Task]] = {}
         self._results: asyncio.Queue[tuple[Rollout, dict[str, Any] | Exception]] = asyncio.Queue()
         self._orphans: list[Rollout] = []  # rollouts whose wait failed; watched again next step
         self._ready: list[Group] = []  # informative groups completed beyond the last batch
         self._to_cancel: list[str] = []
         self._cancelled_ids: list[str] = []
+        self._failures_in_row = 0
+        self._interrupted: tuple[StepStats, float, float | None] | None = None
 
     def default_request(self, group: Group, index: int) -> dict[str, Any]:
         """The prompt's instance with ``instance_id``/``trajectory_id`` and the config's fields."""
@@ -215,25 +230,25 @@ class AsyncDAPOCollector:
     async def next_batch(self) -> Batch:
         """Collect B informative groups (fewer only on step timeout or an exhausted stream)."""
         self.step += 1
-        carried_in = len(self._watchers) + self._results.qsize() + sum(g.size for g in self._ready)
-        stats = StepStats(self.step, carried_in=carried_in)
-        started, busy_before = time.monotonic(), await self._busy()
-        self._cancelled_ids = []
+        if self._interrupted is not None:  # the same step again, after an error
+            stats, started, busy_before = self._interrupted
+            self._interrupted = None
+        else:
+            carried_in = len(self._watchers) + self._results.qsize() + sum(g.size for g in self._ready)
+            stats = StepStats(self.step, carried_in=carried_in)
+            started, busy_before = time.monotonic(), await self._busy()
+            self._cancelled_ids = []
         for rollout in self._orphans:
             self._watch(rollout)
         self._orphans.clear()
         groups = self._take_ready(stats)
-        while len(groups) < self.config.batch_groups:
-            await self._flush_cancels(stats)
-            await self._replenish(stats)
-            if not self._watchers and self._results.empty():
-                break  # nothing running and nothing left to submit
-            item = await self._next_result(started)
-            if item is None:
-                break
-            group = self._collect(*item, stats)
-            if group is not None:
-                groups.append(group)
+        try:
+            await self._fill(groups, stats, started)
+        except BaseException:  # gateway gone, cancelled: keep what is in hand for the retried step
+            self._ready[:0] = groups
+            self._interrupted = (stats, started, busy_before)
+            self.step -= 1
+            raise
         await self._end_step(stats)
         for rollout in (r for g in groups for r in g.rollouts.values()):
             rollout.batch_step = self.step
@@ -244,6 +259,27 @@ class AsyncDAPOCollector:
         if not groups and self._exhausted and not self._watchers and not self._ready:
             raise PromptsExhausted(f"the prompt stream ended (step {self.step})")
         return Batch(self.step, groups, stats, self._cancelled_ids)
+
+    async def _fill(self, groups: list[Group], stats: StepStats, started: float) -> None:
+        """Submit and read results until ``groups`` holds B informative groups."""
+        while len(groups) < self.config.batch_groups:
+            await self._flush_cancels(stats)
+            await self._replenish(stats)
+            if not self._watchers and self._results.empty():
+                return  # nothing running and nothing left to submit
+            item = await self._next_result(started)
+            while item is not None:  # everything already in, before submitting more
+                group = self._collect(*item, stats)
+                if group is not None:
+                    groups.append(group)
+                item = None if len(groups) >= self.config.batch_groups or self._results.empty() \
+                    else self._results.get_nowait()
+            if self._timed_out(started):
+                return
+
+    def _timed_out(self, started: float) -> bool:
+        limit = self.config.step_timeout_s
+        return limit is not None and time.monotonic() - started >= limit
 
     async def _next_result(self, started: float) -> tuple[Rollout, Any] | None:
         timeout = self.config.step_timeout_s
@@ -265,15 +301,19 @@ class AsyncDAPOCollector:
     # -- submitting ----------------------------------------------------------------------------------
 
     async def _replenish(self, stats: StepStats) -> None:
-        """Submit until ``max_in_flight`` rollouts run (or nothing is left to submit)."""
+        """Submit until ``max_in_flight`` rollouts are running or ended but not yet read.
+
+        Counting the unread results too keeps submission from running ahead of collection.
+        """
         batch: list[Rollout] = []
-        while len(self._watchers) + len(batch) < self.config.in_flight:
+        while len(self._watchers) + self._results.qsize() + len(batch) < self.config.in_flight:
             slot = self._next_slot()
             if slot is None:
                 break
-            group, index = slot
-            # the same id when a failed submission is repeated; a new one for each retry
-            rollout = Rollout(f"{self.run_id}-{group.key}-{index}-{group.retries}", group.key, index, self.step)
+            group, index, job_id = slot
+            # a submission that failed is repeated under its id: the job may exist already
+            job_id = job_id or f"{self.run_id}-{group.key}-{index}-{group.retries}"
+            rollout = Rollout(job_id, group.key, index, self.step)
             group.rollouts[index] = rollout
             batch.append(rollout)
         if batch:
@@ -283,11 +323,11 @@ class AsyncDAPOCollector:
                 if error is not None:
                     raise error
 
-    def _next_slot(self) -> tuple[Group, int] | None:
+    def _next_slot(self) -> tuple[Group, int, str | None] | None:
         while self._pending:
-            key, index = self._pending.popleft()
+            key, index, job_id = self._pending.popleft()
             if key in self._groups:
-                return self._groups[key], index
+                return self._groups[key], index, job_id
         if self._exhausted:
             return None
         try:
@@ -298,8 +338,8 @@ class AsyncDAPOCollector:
         key, self._next_key = self._next_key, self._next_key + 1
         prompt_id = str(instance.get("instance_id") or f"p{key}")
         group = self._groups[key] = Group(key, prompt_id, instance, self.config.group_size, self.step)
-        self._pending.extend((key, i) for i in range(1, group.size))
-        return group, 0
+        self._pending.extend((key, i, None) for i in range(1, group.size))
+        return group, 0, None
 
     async def _submit(self, rollout: Rollout) -> str:
         group = self._groups[rollout.group_key]
@@ -317,7 +357,7 @@ class AsyncDAPOCollector:
             return None
         if isinstance(outcome, BaseException):  # unreachable gateway, stopped service: resubmit later
             if group is not None:
-                self._pending.appendleft((group.key, rollout.index))
+                self._pending.appendleft((group.key, rollout.index, rollout.job_id))
                 group.rollouts.pop(rollout.index, None)
             return outcome
         stats.submitted += 1
@@ -354,6 +394,10 @@ class AsyncDAPOCollector:
         result = outcome if isinstance(outcome, dict) else {"status": "failed", "error": str(outcome)}
         rollout.result, rollout.status = result, result["status"]
         rollout.generation = result.get("generation")
+        self._failures_in_row = 0 if rollout.status == "completed" else self._failures_in_row + 1
+        if self._failures_in_row > self.config.failure_limit:
+            raise RolloutsFailing(f"{self._failures_in_row} rollouts in a row ended without completing; "
+                                  f"last: {rollout.job_id} {rollout.status}: {result.get('error')}")
         if rollout.status == "completed":
             rollout.reward = float(result.get("reward") or 0.0)
         elif not self._apply_failure_policy(group, rollout, stats):
@@ -375,7 +419,7 @@ class AsyncDAPOCollector:
         if policy == "retry" and group.retries < self.config.max_retries:
             group.retries += 1
             stats.retried += 1
-            self._pending.appendleft((group.key, rollout.index))
+            self._pending.appendleft((group.key, rollout.index, None))
             return False
         self._drop(group, stats)
         return False

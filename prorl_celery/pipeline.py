@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
 
-from .aio import run_coro
+from .aio import run_coro, thread_loop
 from .celery_app import enqueue, node_queue
 from .errors import JobCancelled, StageTimeout
 from .llm.backends import make_backend
@@ -32,18 +32,23 @@ T = TypeVar("T")
 
 def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -> None:
     services = services or get_services()
-    claim = services.store.claim_stage(job_id, stage, {"node": services.settings.node, "worker_pid": os.getpid()})
-    if not claim.ok:
-        log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
-        return
-    services.leases.hold(job_id)
+    # watch before claiming: a cancel landing right after the claim still wakes the stage
+    cancelled = services.cancel_watcher.watch(job_id, thread_loop())
     try:
-        record = services.store.load(job_id)
-        job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
-        handler = get_handler(record["task"])
-        run_coro(_STAGES[stage](services, handler, job, record))
+        claim = services.store.claim_stage(job_id, stage, {"node": services.settings.node,
+                                                           "worker_pid": os.getpid()})
+        if not claim.ok:
+            log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
+            return
+        services.leases.hold(job_id)
+        try:
+            job = job_context(claim.record, deadline=time.monotonic() + claim.budget_left_s)
+            handler = get_handler(claim.record["task"])
+            run_coro(_STAGES[stage](services, handler, job, claim.record, cancelled))
+        finally:
+            services.leases.release(job_id)
     finally:
-        services.leases.release(job_id)
+        services.cancel_watcher.unwatch(job_id, cancelled)
 
 
 def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:
@@ -54,10 +59,9 @@ def job_context(record: dict[str, Any], deadline: float | None = None) -> JobCon
     )
 
 
-async def bounded(services: Services, job: JobContext, work: Awaitable[T]) -> T:
+async def bounded(job: JobContext, cancelled: asyncio.Event, work: Awaitable[T]) -> T:
     """Await ``work`` within the job's budget; abort it the moment the job is cancelled."""
     task = asyncio.ensure_future(work)
-    cancelled = services.cancel_watcher.watch(job.job_id)
     waiter = asyncio.ensure_future(cancelled.wait())
     try:
         done, _ = await asyncio.wait({task, waiter}, timeout=job.time_left(),
@@ -71,7 +75,6 @@ async def bounded(services: Services, job: JobContext, work: Awaitable[T]) -> T:
         raise StageTimeout(f"job {job.job_id} ran out of its time budget")
     finally:
         waiter.cancel()
-        services.cancel_watcher.unwatch(job.job_id, cancelled)
 
 
 def describe(error: BaseException) -> str:
@@ -97,10 +100,11 @@ def _handler_extras(handler: AgentHandler, job: JobContext) -> dict[str, Any]:
 
 # -- INIT ----------------------------------------------------------------------------------------
 
-async def _init(services: Services, handler: AgentHandler, job: JobContext, record: dict) -> None:
+async def _init(services: Services, handler: AgentHandler, job: JobContext, record: dict,
+                cancelled: asyncio.Event) -> None:
     store = services.store
     try:
-        job.init_result = await bounded(services, job, handler.init(job))
+        job.init_result = await bounded(job, cancelled, handler.init(job))
     except JobCancelled:
         return
     except StageTimeout as error:
@@ -143,18 +147,19 @@ def open_session(services: Services, job: JobContext, assignment: Assignment) ->
                         default_max_tokens=settings.default_max_tokens)
 
 
-async def _run(services: Services, handler: AgentHandler, job: JobContext, record: dict) -> None:
+async def _run(services: Services, handler: AgentHandler, job: JobContext, record: dict,
+                cancelled: asyncio.Event) -> None:
     store = services.store
     session: TokenSession | None = None
     assignment: Assignment | None = None
     outcome: dict[str, Any] = {"critical_error": None, "error": None}
     try:
         if handler.uses_llm:
-            assignment = await bounded(services, job, wait_for_backend(services, job))
+            assignment = await bounded(job, cancelled, wait_for_backend(services, job))
             store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
                                       "generation": assignment.generation})
             session = open_session(services, job, assignment)
-        job.run_result = await bounded(services, job, handler.run(job, session))
+        job.run_result = await bounded(job, cancelled, handler.run(job, session))
     except JobCancelled:
         return
     except StageTimeout as error:
@@ -178,11 +183,12 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
 
 # -- EVAL ----------------------------------------------------------------------------------------
 
-async def _eval(services: Services, handler: AgentHandler, job: JobContext, record: dict) -> None:
+async def _eval(services: Services, handler: AgentHandler, job: JobContext, record: dict,
+                cancelled: asyncio.Event) -> None:
     store = services.store
     critical, error_text = record.get("critical_error") or None, record.get("error") or None
     try:
-        result: EvalResult = await bounded(services, job, handler.eval(job))
+        result: EvalResult = await bounded(job, cancelled, handler.eval(job))
     except JobCancelled:
         return
     except StageTimeout as error:

@@ -23,7 +23,7 @@ def build_result(store: JobStore, record: dict[str, Any]) -> dict[str, Any]:
         "trajectory_id": instance.get("trajectory_id"),
         "critical_error": record.get("critical_error") or None,
         "error": record.get("error"),
-        "timing": store.timing(record).to_dict(),
+        "timing": store.timing(record, now=record.get("ended_at")).to_dict(),
         "backend": record.get("backend") or None,
         "generation": int(record["generation"]) if record.get("generation") else None,
         "trajectory": trajectory,

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="a stage whose worker is silent this long is failed")
     reaper_interval_s: float = Field(5.0, gt=0, description="how often the lease reaper looks")
 
+    task_events: bool = Field(False, description="workers send Celery task events (Flower) from start")
+
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 

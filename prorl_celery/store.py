@@ -39,6 +39,7 @@ class Transition:
     ok: bool
     previous: JobStatus | None  # None: the job does not exist
     budget_left_s: float = 0.0
+    record: dict[str, Any] | None = None  # the job record after a successful stage claim
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ def decode_record(raw: dict[str, str]) -> dict[str, Any]:
         else:
             record[name] = value
     return record
+
+
+def _first_entry(xread_reply: Any) -> dict[str, str]:
+    """Fields of the first entry of an XREAD reply (RESP2: [[stream, [(id, fields)]]])."""
+    return xread_reply[0][1][0][1]
 
 
 class JobStore:
@@ -115,7 +121,7 @@ class JobStore:
 
     def transition(
         self, job_id: str, target: JobStatus, *, timer: str = "none", fields: dict[str, Any] | None = None,
-        only_from: JobStatus | None = None,
+        only_from: JobStatus | None = None, with_record: bool = False,
     ) -> Transition:
         """Move the job to ``target`` if the table allows it from its current status
         (narrowed to ``only_from`` when given)."""
@@ -124,16 +130,19 @@ class JobStore:
         reply = self._transition(
             keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS],
             args=[job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s,
-                  *_encode(fields or {})],
+                  int(with_record), *_encode(fields or {})],
         )
         previous = JobStatus(reply[1]) if reply[1] else None
         if not reply[0]:
             return Transition(False, previous)
-        return Transition(True, previous, float(reply[2]))
+        record = decode_record(dict(zip(reply[4][::2], reply[4][1::2]))) if with_record else None
+        return Transition(True, previous, float(reply[2]), record)
 
     def claim_stage(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
-        """``pending_<stage>`` -> ``<stage>`` and start the timer; fails for a redelivery."""
-        return self.transition(job_id, stage.active, timer="resume", fields=fields)
+        """``pending_<stage>`` -> ``<stage>`` and start the timer; fails for a redelivery.
+
+        A successful claim carries the job record, read in the same script."""
+        return self.transition(job_id, stage.active, timer="resume", fields=fields, with_record=True)
 
     def hand_over(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
         """``<stage>`` -> ``pending_<next>``, pausing the timer while the job waits in a queue."""
@@ -192,7 +201,9 @@ class JobStore:
             if status.terminal or left <= 0:
                 return status
             block_ms = max(1, int(min(left, BLOCK_CHUNK_S) * 1000))
-            self.redis.xread({keys.job_done(job_id): "0-0"}, count=1, block=block_ms)
+            reply = self.redis.xread({keys.job_done(job_id): "0-0"}, count=1, block=block_ms)
+            if reply:  # the stream's single entry is written as the job ends and names its status
+                return JobStatus(_first_entry(reply)["status"])
 
     # -- service state and statistics ------------------------------------------------------------
 

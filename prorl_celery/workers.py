@@ -8,6 +8,8 @@ import time
 
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
+from handlers import load_handlers
+
 from . import keys
 from .celery_app import node_queue
 from .leases import Reaper
@@ -22,6 +24,7 @@ _stop = threading.Event()
 @celeryd_after_setup.connect
 def add_node_queue(sender: str, instance, **_: object) -> None:
     """A RUN worker also consumes ``run.<node>``, so plain ``-Q run`` serves node-local jobs."""
+    load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
     queues = instance.app.amqp.queues
     if Stage.RUN.value in queues.consume_from:
         name = node_queue(Stage.RUN, get_services().settings.node)

@@ -9,8 +9,9 @@
 -- ARGV[4] timer operation: "resume" (a stage starts) | "pause" (a stage ends) | "none"
 -- ARGV[5] "1" when the target is terminal
 -- ARGV[6] TTL in seconds given to the job's keys once terminal
--- ARGV[7..] field, value pairs to set on the job record
--- Returns {1, previous status, budget left in s, redis time} on success,
+-- ARGV[7] "1" to return the whole job record too (a stage claim: saves a round trip)
+-- ARGV[8..] field, value pairs to set on the job record
+-- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success,
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
 -- Time comes from the Redis server so that workers on different nodes share one clock.
 local current = redis.call('HGET', KEYS[1], 'status')
@@ -35,7 +36,7 @@ elseif ARGV[4] == 'resume' then
 end
 
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'status_at', string.format('%.6f', now))
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 if ARGV[5] == '1' then
@@ -47,4 +48,6 @@ if ARGV[5] == '1' then
 end
 local budget = tonumber(redis.call('HGET', KEYS[1], 'budget_s') or '0')
 local active = tonumber(redis.call('HGET', KEYS[1], 'active_s') or '0')
-return {1, current, string.format('%.6f', budget - active), string.format('%.6f', now)}
+local reply = {1, current, string.format('%.6f', budget - active), string.format('%.6f', now)}
+if ARGV[7] == '1' then reply[5] = redis.call('HGETALL', KEYS[1]) end
+return reply
