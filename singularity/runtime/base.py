@@ -1,0 +1,362 @@
+"""The runtime interface: start a sandbox from a typed spec, stop it, prove nothing is left.
+
+Start and stop are separate from execution: a started sandbox runs one tool server listening on
+a Unix socket in a directory bound into it, and every action goes through that socket
+(:meth:`Sandbox.client`). A :class:`Sandbox` does not depend on the event loop that started it,
+so INIT can start it and RUN (another task, another loop) can use and stop it.
+
+Lifecycle shared by every runtime (:meth:`Runtime.start`, :meth:`Runtime.stop`):
+
+1. a state directory ``<state_dir>/<sandbox id>/`` holds the socket directory and the log;
+2. a loopback address is leased when the spec has none and an allocator is configured;
+3. the runtime spawns its root process (``_spawn``) in the calling thread (``bwrap
+   --die-with-parent`` ties the sandbox to the thread that forked it: call ``start`` from a
+   long-lived thread, as Celery's thread pool does);
+4. the sandbox is recorded in the ownership ledger as soon as its root process exists, and
+   start waits for the tool server's ``READY <socket>`` line in the log;
+5. stop sends SIGTERM to every member (see :mod:`.procfs`), SIGKILL after the grace period,
+   checks through /proc that nothing is left, then removes the ledger entry and the lease.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from . import procfs
+from .addresses import AddressAllocator
+from .errors import SandboxStartError, SandboxStartTimeout, SandboxStopError
+from .ledger import SandboxLedger, SandboxRecord
+from .procfs import ProcessRef
+
+WORKSPACE = "/workspace"
+SOCKET_DIR = "/run/toolserver"
+SOCKET_NAME = "tool.sock"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_SERVER_ARGV = ("{python}", "-m", "singularity.toolserver",
+                       "--socket", "{socket}", "--workspace", "{workspace}")
+RESERVED_TARGETS = ("/", "/proc", "/dev", "/tmp", WORKSPACE, SOCKET_DIR)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Bind(Model):
+    """A host path made visible inside the sandbox (read-only unless asked)."""
+
+    source: Path
+    target: str
+    read_only: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_tuple(cls, value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return dict(zip(("source", "target", "read_only"), value))
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _absolute(cls, target: str) -> str:
+        if not target.startswith("/") or ".." in target.split("/"):
+            raise ValueError(f"bind target {target!r} must be an absolute path without '..'")
+        normal = os.path.normpath(target)
+        if any(normal == r or normal.startswith(r.rstrip("/") + "/") and r != "/" for r in RESERVED_TARGETS):
+            raise ValueError(f"bind target {target!r} is reserved by the runtime")
+        return normal
+
+
+class Limits(Model):
+    """Resource limits; each runtime documents how it enforces them."""
+
+    memory_bytes: PositiveInt | None = None  # RLIMIT_AS, per process
+    max_processes: PositiveInt | None = None  # RLIMIT_NPROC: tasks (threads too) in the sandbox
+    cpu_seconds: PositiveInt | None = None  # RLIMIT_CPU, per process
+    tmp_bytes: PositiveInt | None = None  # size of the private /tmp (runtimes that mount one)
+
+
+class SandboxSpec(Model):
+    """What to start: one sandbox for one job."""
+
+    image: str = Field(min_length=1)
+    workspace: Path
+    binds: tuple[Bind, ...] = ()
+    network: bool = False
+    limits: Limits = Limits()
+    env: dict[str, str] = {}
+    job_id: str = ""
+    address: str | None = None  # a 127.x.y.z; leased from the allocator when None
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not _ENV_NAME.match(name) or "\0" in value:
+                raise ValueError(f"invalid environment variable {name!r}")
+        return env
+
+    @field_validator("address")
+    @classmethod
+    def _loopback(cls, address: str | None) -> str | None:
+        if address is not None and not ipaddress.IPv4Address(address).is_loopback:
+            raise ValueError(f"{address} is not a 127.x.y.z loopback address")
+        return address
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a runtime can run here; ``reason`` says why not (or what it found)."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass
+class Launch:
+    """What ``_spawn`` started: the root process and where its tool server will listen."""
+
+    popen: subprocess.Popen
+    pidns: int | None = None
+    refs: list[ProcessRef] = field(default_factory=list)
+
+
+class Sandbox:
+    """A running sandbox. Use ``async with`` (or :meth:`stop`) so it is always cleaned up."""
+
+    def __init__(self, *, id: str, spec: SandboxSpec, runtime: Runtime, socket_path: Path,
+                 address: str | None, root: ProcessRef, pidns: int | None,
+                 refs: list[ProcessRef], state_dir: Path, popen: subprocess.Popen | None,
+                 leased: bool) -> None:
+        self.id, self.spec, self.runtime = id, spec, runtime
+        self.socket_path, self.address, self.state_dir = socket_path, address, state_dir
+        self.root, self.pidns, self.refs = root, pidns, refs
+        self.popen, self.leased = popen, leased
+        self.stopped = False
+
+    @property
+    def workspace(self) -> Path:
+        return self.spec.workspace
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def pids(self) -> list[int]:
+        """The host pids of every process in the sandbox right now."""
+        return sorted(info.pid for info in procfs.members(self.root, self.pidns, self.refs))
+
+    def client(self) -> Any:
+        """A tool server client on this sandbox's socket."""
+        from singularity.toolserver.client import ToolClient
+        return ToolClient(str(self.socket_path))
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.runtime.stop(self, grace_s=grace_s)
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.runtime.name} job={self.job_id!r} root={self.root.pid}>"
+
+
+def default_state_dir() -> Path:
+    """Short on purpose: a Unix socket path must stay under 108 bytes."""
+    return Path(tempfile.gettempdir()) / f"prorl-sandboxes-{os.geteuid()}"
+
+
+class Runtime(ABC):
+    """Starts and stops sandboxes. Subclasses implement :meth:`available` and :meth:`_spawn`."""
+
+    name: ClassVar[str]
+    #: False for runtimes without isolation: the contract suite marks isolation checks n/a.
+    isolated: ClassVar[bool] = True
+
+    def __init__(self, *, state_dir: Path | None = None, allocator: AddressAllocator | None = None,
+                 ledger: SandboxLedger | None = None, node: str | None = None,
+                 worker: str | None = None, server_argv: Sequence[str] | None = None,
+                 ready_timeout_s: float = 60.0, stop_grace_s: float = 5.0) -> None:
+        self.state_dir = Path(state_dir or default_state_dir())
+        self.allocator, self.ledger = allocator, ledger
+        self.node = node or socket.gethostname()
+        self.worker = worker or f"{self.node}:{os.getpid()}"
+        self.server_argv = tuple(server_argv or DEFAULT_SERVER_ARGV)
+        self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
+
+    @abstractmethod
+    def available(self) -> Availability:
+        """Whether this runtime works on this machine, with the reason."""
+
+    @abstractmethod
+    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any) -> Launch:
+        """Start the root process; the tool server must print ``READY <socket>`` to ``log``."""
+
+    def _after_ready(self, launch: Launch) -> None:
+        """Hook: learn more about the started processes (e.g. their pid namespace)."""
+
+    def _host_socket(self, sandbox_dir: Path) -> Path:
+        """The host path of the socket (runtimes that bind the socket directory use this)."""
+        return sandbox_dir / "sock" / SOCKET_NAME
+
+    def server_command(self, python: str, socket_path: str, workspace: str) -> list[str]:
+        values = {"python": python, "socket": socket_path, "workspace": workspace}
+        return [part.format(**values) for part in self.server_argv]
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox and return once its tool server listens.
+
+        The ledger entry is written as soon as the root process exists (and again with the
+        tool server's pid once it is ready), so a worker that dies mid-start leaves a record
+        for :func:`~.ledger.reap_dead_owners`, not an untracked sandbox.
+        """
+        sandbox_id = uuid.uuid4().hex[:12]
+        sandbox_dir = self.state_dir / sandbox_id
+        (sandbox_dir / "sock").mkdir(parents=True, mode=0o755)
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        leased = spec.address is None and self.allocator is not None
+        if leased:
+            spec = spec.model_copy(update={"address": self.allocator.allocate(sandbox_id)})
+        launch = None
+        try:
+            with open(sandbox_dir / "server.log", "wb") as log:
+                launch = await self._spawn(spec, sandbox_dir, log)
+            sandbox = self._sandbox(sandbox_id, spec, launch, sandbox_dir, leased)
+            await self._wait_ready(launch, sandbox_dir)
+            self._after_ready(launch)
+            sandbox.pidns, sandbox.refs = launch.pidns, launch.refs
+            self._write_ledger(sandbox)
+            return sandbox
+        except SandboxStartError as exc:
+            tail = _tail(sandbox_dir / "server.log")
+            self._abort(launch, spec, sandbox_dir, leased, sandbox_id)
+            if "log:" in exc.message:
+                raise
+            raise type(exc)(f"{exc.message}; log:\n{tail}") from exc
+        except BaseException:
+            self._abort(launch, spec, sandbox_dir, leased, sandbox_id)
+            raise
+
+    def _sandbox(self, sandbox_id: str, spec: SandboxSpec, launch: Launch, sandbox_dir: Path,
+                 leased: bool) -> Sandbox:
+        sandbox = Sandbox(id=sandbox_id, spec=spec, runtime=self,
+                          socket_path=self._host_socket(sandbox_dir), address=spec.address,
+                          root=_ref(launch.popen.pid), pidns=launch.pidns, refs=launch.refs,
+                          state_dir=sandbox_dir, popen=launch.popen, leased=leased)
+        self._write_ledger(sandbox)
+        return sandbox
+
+    def _write_ledger(self, sandbox: Sandbox) -> None:
+        if self.ledger is not None:
+            self.ledger.record(self._record(sandbox))
+
+    async def stop(self, sandbox: Sandbox, grace_s: float | None = None) -> None:
+        """SIGTERM everything, SIGKILL after ``grace_s``; raise if /proc still shows a member."""
+        if sandbox.stopped:
+            return
+        grace = self.stop_grace_s if grace_s is None else grace_s
+        left = await asyncio.to_thread(procfs.terminate, sandbox.root, sandbox.pidns, sandbox.refs,
+                                       grace, sandbox.popen)
+        if left:
+            raise SandboxStopError(f"sandbox {sandbox.id}: pids {[i.pid for i in left]} survived SIGKILL")
+        sandbox.stopped = True
+        if self.ledger is not None:
+            self.ledger.remove(self.node, sandbox.id)
+        if sandbox.leased and self.allocator is not None and sandbox.address:
+            self.allocator.release(sandbox.address)
+        shutil.rmtree(sandbox.state_dir, ignore_errors=True)
+
+    async def _wait_ready(self, launch: Launch, sandbox_dir: Path) -> None:
+        log_path = sandbox_dir / "server.log"
+        deadline = time.monotonic() + self.ready_timeout_s
+        delay = 0.001
+        while True:
+            if _ready_line(log_path):
+                return
+            if launch.popen.poll() is not None:
+                raise SandboxStartError(f"{self.name}: exited with {launch.popen.returncode} before "
+                                        f"READY; log:\n{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise SandboxStartTimeout(f"{self.name}: no READY line within "
+                                          f"{self.ready_timeout_s} s; log:\n{_tail(log_path)}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.003)  # a small file: polling it is cheap, and prompt
+
+    def _abort(self, launch: Launch | None, spec: SandboxSpec, sandbox_dir: Path, leased: bool,
+               sandbox_id: str) -> None:
+        if launch is not None:
+            procfs.terminate(_ref(launch.popen.pid), launch.pidns, launch.refs, 0.5, launch.popen)
+        if self.ledger is not None:
+            self.ledger.remove(self.node, sandbox_id)
+        if leased and self.allocator is not None and spec.address:
+            self.allocator.release(spec.address)
+        shutil.rmtree(sandbox_dir, ignore_errors=True)
+
+    def _record(self, sandbox: Sandbox) -> SandboxRecord:
+        return SandboxRecord(
+            sandbox_id=sandbox.id, node=self.node, job_id=sandbox.job_id, worker=self.worker,
+            owner=_ref(os.getpid()), runtime=self.name, root=sandbox.root, pidns=sandbox.pidns,
+            refs=sandbox.refs, address=sandbox.address if sandbox.leased else None,
+            socket_path=str(sandbox.socket_path), state_dir=str(sandbox.state_dir),
+            started_at=time.time())
+
+
+def sandbox_env(spec: SandboxSpec, *, path: str = DEFAULT_PATH, home: str = "/tmp",
+                extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment inside: PATH, HOME, LANG, the runtime's extras, then the spec's."""
+    env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8"}
+    if spec.address:
+        env["PRORL_SANDBOX_ADDRESS"] = spec.address
+    env.update(extra or {})
+    env.update(spec.env)
+    return env
+
+
+def limit_prefix(limits: Limits, prlimit: str = "prlimit") -> list[str]:
+    """``prlimit`` arguments that set the spec's rlimits (soft = hard) before exec."""
+    options = [(limits.max_processes, "--nproc"), (limits.memory_bytes, "--as"),
+               (limits.cpu_seconds, "--cpu")]
+    args = [f"{flag}={value}:{value}" for value, flag in options if value is not None]
+    return [prlimit, *args, "--"] if args else []
+
+
+def _ref(pid: int) -> ProcessRef:
+    ref = ProcessRef.of(pid)
+    return ref if ref is not None else ProcessRef(pid=pid, start_time=-1)
+
+
+def _ready_line(log_path: Path) -> bool:
+    try:
+        with open(log_path, "rb") as handle:
+            return any(line.startswith(b"READY ") for line in handle)
+    except OSError:
+        return False
+
+
+def _tail(log_path: Path, size: int = 4000) -> str:
+    try:
+        return log_path.read_bytes()[-size:].decode(errors="replace")
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,256 @@
+"""``BubblewrapRuntime``: sandboxes on ``bwrap`` (Debian package ``bubblewrap``), rootless.
+
+What a sandbox gets:
+
+* every namespace of its own (``--unshare-all``: user, pid, ipc, uts, cgroup, mount and network;
+  ``--share-net`` only when the spec asks for networking). Inside a new network namespace only
+  ``lo`` exists (bubblewrap brings it up), so loopback works and nothing else is reachable;
+* ``--die-with-parent`` (optional) and ``--new-session`` (no TIOCSTI into our terminal);
+* a read-only root assembled from an image layout (:mod:`.layout`), its own ``/proc``, ``/dev``
+  (with a private ``/dev/shm``) and a size-capped ``/tmp``; the host workspace read-write at
+  ``/workspace`` and the socket directory at ``/run/toolserver``; the spec's binds;
+* a clean environment: PATH, HOME=/tmp, LANG, PYTHONPATH for the tool server, the spec's env;
+  arguments go to bwrap through a memfd (``--args``), so the env is not on any command line;
+* limits through ``prlimit`` right before the tool server starts: RLIMIT_AS and RLIMIT_CPU per
+  process; RLIMIT_NPROC counts the tasks of one uid *in one user namespace* (kernel >= 5.14
+  keeps these counts per namespace), and every sandbox has its own user namespace, so
+  ``max_processes`` bounds each sandbox on its own. The limit is set inside, after the
+  namespace exists, so it never counts the same uid's processes elsewhere on the host.
+
+Who runs it:
+
+* **unprivileged caller** (the normal HPC case): ``bwrap --unshare-user --disable-userns``; the
+  sandbox runs as the caller's uid inside its own user namespace.
+* **root caller** (CI, containers): the kernel never enforces RLIMIT_NPROC for host root, and a
+  sandbox should not run as root anyway, so it runs as ``sandbox_uid`` (default 65534,
+  ``nobody``). bubblewrap is started as root so it can bind paths only root can traverse (a
+  Python under ``/root``), with ``--userns-block-fd``: we write the new user namespace's map
+  ourselves (``0 -> 0`` for bubblewrap's own set-up, ``sandbox_uid -> sandbox_uid``), then
+  ``setpriv`` inside drops to ``sandbox_uid`` with no capabilities (bwrap keeps only SETUID,
+  SETGID and SETPCAP for that step and sets no_new_privs, so setuid binaries stay inert). The
+  workspace is chowned to ``sandbox_uid`` so the sandbox can write it. ``sandbox_uid=0`` keeps
+  root inside the user namespace (no process limit; not recommended).
+
+Stopping (:mod:`.procfs`): SIGTERM to every process in the sandbox's pid namespace (inode from
+``--info-fd``), SIGKILL to the namespace init after the grace period (the kernel then kills the
+whole namespace), and a final /proc scan that must find nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    DEFAULT_PATH,
+    SOCKET_DIR,
+    SOCKET_NAME,
+    WORKSPACE,
+    Availability,
+    Launch,
+    Runtime,
+    SandboxSpec,
+    limit_prefix,
+    sandbox_env,
+)
+from .errors import InvalidSpec, SandboxStartError
+from .layout import ImageLayout, resolve_image
+
+NOBODY = 65534
+SOURCE_TARGET = "/opt/prorl"
+DEFAULT_TMP_BYTES = 1 << 30
+_SOURCE = Path(__file__).resolve().parents[1]  # the ``singularity`` package
+
+
+class BubblewrapRuntime(Runtime):
+    """Sandboxes on bubblewrap (see the module docstring for what each one gets)."""
+
+    name = "bubblewrap"
+
+    def __init__(self, *, bwrap: str = "bwrap", sandbox_uid: int | None = None,
+                 die_with_parent: bool = True, bind_source: bool = True,
+                 hostname: str = "sandbox", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bwrap = shutil.which(bwrap) or bwrap
+        euid = os.geteuid()
+        self.sandbox_uid = (NOBODY if euid == 0 else euid) if sandbox_uid is None else sandbox_uid
+        if euid != 0 and self.sandbox_uid != euid:
+            raise ValueError("an unprivileged caller runs sandboxes as itself only")
+        self.privileged = euid == 0 and self.sandbox_uid != 0  # root caller, dropping to a uid
+        self.die_with_parent, self.bind_source, self.hostname = die_with_parent, bind_source, hostname
+
+    def available(self) -> Availability:
+        return self._probe
+
+    @cached_property
+    def _probe(self) -> Availability:
+        if not os.path.exists(self.bwrap):
+            return Availability(False, "bwrap not found (apt-get install bubblewrap)")
+        argv = [self.bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Availability(False, f"bwrap could not run: {exc}")
+        if done.returncode != 0:
+            return Availability(False, f"bwrap cannot create namespaces here: {done.stderr.strip()}")
+        mode = f"as root, sandboxes run as uid {self.sandbox_uid}" if os.geteuid() == 0 else "unprivileged"
+        return Availability(True, f"{self.bwrap} works ({mode})")
+
+    # -- the command line -------------------------------------------------------------------
+
+    def argv(self, spec: SandboxSpec, layout: ImageLayout, sandbox_dir: Path, *,
+             info_fd: int, block_fd: int | None = None) -> list[str]:
+        """bwrap's arguments (after ``bwrap``), a pure function of its inputs."""
+        args = ["--unshare-all", "--unshare-user"]
+        if spec.network:
+            args.append("--share-net")
+        if block_fd is not None:
+            args += ["--userns-block-fd", str(block_fd), "--cap-drop", "ALL"]
+            args += [arg for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP") for arg in ("--cap-add", cap)]
+        elif os.geteuid() != 0:
+            args.append("--disable-userns")
+        args += ["--info-fd", str(info_fd), "--new-session", "--hostname", self.hostname]
+        if self.die_with_parent:
+            args.append("--die-with-parent")
+        args += self._filesystem(spec, layout, sandbox_dir)
+        args += ["--chdir", WORKSPACE, "--clearenv"]
+        for name, value in self._env(spec, layout).items():
+            args += ["--setenv", name, value]
+        return args + ["--", *self._command(spec, layout)]
+
+    def _filesystem(self, spec: SandboxSpec, layout: ImageLayout, sandbox_dir: Path) -> list[str]:
+        targets = [m.target for m in layout.mounts] + [WORKSPACE, SOCKET_DIR]
+        targets += [b.target for b in spec.binds] + ([f"{SOURCE_TARGET}/singularity"] if self.bind_source else [])
+        args = _parent_dirs(targets)
+        for mount in layout.mounts:
+            flag = "--symlink" if mount.kind == "symlink" else "--ro-bind"
+            args += [flag, mount.source, mount.target]
+        if self.bind_source:
+            args += ["--ro-bind", str(_SOURCE), f"{SOURCE_TARGET}/singularity"]
+        tmp = spec.limits.tmp_bytes or DEFAULT_TMP_BYTES
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmp), "--tmpfs", "/dev/shm",
+                 "--perms", "1777", "--size", str(tmp), "--tmpfs", "/tmp", "--dir", "/run",
+                 "--bind", str(spec.workspace), WORKSPACE,
+                 "--bind", str(sandbox_dir / "sock"), SOCKET_DIR]
+        for bind in spec.binds:
+            args += ["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target]
+        return args + ["--remount-ro", "/"]
+
+    def _env(self, spec: SandboxSpec, layout: ImageLayout) -> dict[str, str]:
+        extra = {key: value for key, value in layout.env.items() if key != "PATH"}
+        if self.bind_source:
+            extra["PYTHONPATH"] = SOURCE_TARGET
+        return sandbox_env(spec, path=layout.env.get("PATH", DEFAULT_PATH), extra=extra)
+
+    def _command(self, spec: SandboxSpec, layout: ImageLayout) -> list[str]:
+        prefix: list[str] = []
+        if self.privileged:
+            prefix = ["setpriv", f"--reuid={self.sandbox_uid}", f"--regid={self.sandbox_uid}",
+                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+        server = self.server_command(layout.python, f"{SOCKET_DIR}/{SOCKET_NAME}", WORKSPACE)
+        return prefix + limit_prefix(spec.limits) + server
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _check(self, spec: SandboxSpec, layout: ImageLayout) -> None:
+        tools = (["setpriv"] if self.privileged else []) + (["prlimit"] if limit_prefix(spec.limits) else [])
+        for tool in tools:
+            if not any(layout.has(f"{d}/{tool}") for d in ("/usr/bin", "/bin")):
+                raise InvalidSpec(f"image {layout.name!r} has no {tool} (util-linux), which this runtime needs")
+        if self.bind_source:
+            layout.check_target(f"{SOURCE_TARGET}/singularity")
+        for bind in spec.binds:
+            if not bind.source.exists():
+                raise InvalidSpec(f"bind source {bind.source} does not exist")
+            layout.check_target(bind.target)
+
+    def _own(self, *paths: Path) -> None:
+        """Make the workspace and socket directory the sandbox uid's (root caller only)."""
+        uid = self.sandbox_uid
+        for top in paths:
+            for dirpath, dirnames, filenames in os.walk(top):
+                for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                    if os.lstat(name).st_uid != uid:
+                        os.lchown(name, uid, uid)
+
+    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any) -> Launch:
+        layout = resolve_image(spec.image, network=spec.network)
+        self._check(spec, layout)
+        if self.privileged:
+            self._own(spec.workspace, sandbox_dir / "sock")
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe() if self.privileged else (None, None)
+        args = self.argv(spec, layout, sandbox_dir, info_fd=info_w, block_fd=block_r)
+        split = args.index("--")  # bwrap reads options from --args, the command from argv
+        args, command = args[:split], args[split:]
+        args_fd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)
+        os.write(args_fd, b"".join(arg.encode() + b"\0" for arg in args))
+        os.lseek(args_fd, 0, os.SEEK_SET)
+        child_fds = [fd for fd in (args_fd, info_w, block_r) if fd is not None]
+        try:
+            popen = subprocess.Popen([self.bwrap, "--args", str(args_fd), *command], pass_fds=child_fds,
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={"PATH": DEFAULT_PATH})
+        finally:
+            for fd in child_fds:
+                os.close(fd)
+        try:
+            info = await _read_info(info_r, popen, self.ready_timeout_s)
+            if block_w is not None:
+                _map_user_namespace(info["child-pid"], self.sandbox_uid)
+                os.write(block_w, b"1")
+        except BaseException:
+            popen.kill()
+            popen.wait()
+            raise
+        finally:
+            os.close(info_r)
+            if block_w is not None:
+                os.close(block_w)
+        return Launch(popen=popen, pidns=info.get("pid-namespace"))
+
+
+def _parent_dirs(targets: list[str]) -> list[str]:
+    """``--perms 0755 --dir`` for every ancestor of a target (bwrap would make them 0700)."""
+    parents: set[str] = set()
+    for target in targets:
+        parent = os.path.dirname(target.rstrip("/"))
+        while parent not in ("/", ""):
+            parents.add(parent)
+            parent = os.path.dirname(parent)
+    return [arg for parent in sorted(parents) for arg in ("--perms", "0755", "--dir", parent)]
+
+
+async def _read_info(fd: int, popen: subprocess.Popen, timeout_s: float) -> dict:
+    """bwrap's ``--info-fd`` JSON (child pid and namespace inodes), read without blocking."""
+    os.set_blocking(fd, False)
+    data, deadline = b"", time.monotonic() + timeout_s
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            chunk = None
+        if chunk:
+            data += chunk
+            try:
+                return json.loads(data)
+            except ValueError:
+                continue
+        if chunk == b"" or popen.poll() is not None or time.monotonic() > deadline:
+            raise SandboxStartError(f"bwrap gave no namespace info (exit {popen.poll()}); "
+                                    "see the sandbox log")
+        await asyncio.sleep(0.0005)
+
+
+def _map_user_namespace(child_pid: int, uid: int) -> None:
+    """Root only: map 0 (bwrap's set-up) and the sandbox uid/gid into the new user namespace."""
+    mapping = f"0 0 1\n{uid} {uid} 1\n"
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{child_pid}/{name}", "w") as handle:
+            handle.write(mapping)
