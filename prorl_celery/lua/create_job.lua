@@ -11,9 +11,10 @@ if current then return {0, current} end
 if redis.call('GET', KEYS[4]) == 'stopped' then return {-1, 'stopped'} end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
-redis.call('HSET', KEYS[1], 'id', ARGV[1], 'status', 'pending_init', 'created_at', now,
-           'status_at', now, 'active_s', '0', 'resumed_at', '')
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local record = {'id', ARGV[1], 'status', 'pending_init', 'created_at', now, 'status_at', now,
+                'active_s', '0', 'resumed_at', ''}
+for i = 3, #ARGV do table.insert(record, ARGV[i]) end
+redis.call('HSET', KEYS[1], unpack(record))
 redis.call('HINCRBY', KEYS[2], 'pending_init', 1)
 redis.call('ZADD', KEYS[3], now, ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[2]) + 1))

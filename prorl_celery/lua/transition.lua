@@ -24,30 +24,33 @@ if not allowed then return {0, current} end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local resumed_at = redis.call('HGET', KEYS[1], 'resumed_at')
-if ARGV[4] == 'pause' and resumed_at and resumed_at ~= '' then
+local stamp = string.format('%.6f', now)
+local timer = redis.call('HMGET', KEYS[1], 'resumed_at', 'budget_s', 'active_s')
+local budget, active = tonumber(timer[2] or '0'), tonumber(timer[3] or '0')
+local updates = {'status', ARGV[2], 'status_at', stamp}
+if ARGV[4] == 'pause' and timer[1] and timer[1] ~= '' then
   -- only an executing stage has resumed_at set, so `current` names that stage
-  local elapsed = now - tonumber(resumed_at)
-  redis.call('HINCRBYFLOAT', KEYS[1], 'active_s', string.format('%.6f', elapsed))
+  local elapsed = now - tonumber(timer[1])
+  active = active + elapsed
   redis.call('HINCRBYFLOAT', KEYS[1], current .. '_s', string.format('%.6f', elapsed))
-  redis.call('HSET', KEYS[1], 'resumed_at', '')
+  table.insert(updates, 'active_s'); table.insert(updates, string.format('%.6f', active))
+  table.insert(updates, 'resumed_at'); table.insert(updates, '')
 elseif ARGV[4] == 'resume' then
-  redis.call('HSET', KEYS[1], 'resumed_at', string.format('%.6f', now))
+  table.insert(updates, 'resumed_at'); table.insert(updates, stamp)
 end
-
-redis.call('HSET', KEYS[1], 'status', ARGV[2], 'status_at', string.format('%.6f', now))
-for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if ARGV[5] == '1' then
+  table.insert(updates, 'ended_at'); table.insert(updates, stamp)
+end
+for i = 8, #ARGV do table.insert(updates, ARGV[i]) end
+redis.call('HSET', KEYS[1], unpack(updates))
 redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 if ARGV[5] == '1' then
-  redis.call('HSET', KEYS[1], 'ended_at', string.format('%.6f', now))
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('XADD', KEYS[3], '*', 'status', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
   redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
-local budget = tonumber(redis.call('HGET', KEYS[1], 'budget_s') or '0')
-local active = tonumber(redis.call('HGET', KEYS[1], 'active_s') or '0')
-local reply = {1, current, string.format('%.6f', budget - active), string.format('%.6f', now)}
+local reply = {1, current, string.format('%.6f', budget - active), stamp}
 if ARGV[7] == '1' then reply[5] = redis.call('HGETALL', KEYS[1]) end
 return reply
