@@ -36,8 +36,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import (BadRequest, JobNotFound, NoBackend, PayloadTooLarge, ProrlError,
-                     ServiceStopped, UnknownTask)
+from .errors import BadRequest, JobNotFound, NoBackend, PayloadTooLarge, ProrlError, ServiceStopped, UnknownTask
 from .status import TERMINAL
 
 T = TypeVar("T")

@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .client import (AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient)
+from .client import AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient
 from .errors import BadRequest, JobNotFound, ProrlError
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,8 @@ class AsyncDAPOCollector:
 
     def default_request(self, group: Group, index: int) -> dict[str, Any]:
         """The prompt's instance with ``instance_id``/``trajectory_id`` and the config's fields."""
-        instance = {**group.instance, "instance_id": group.prompt_id, "trajectory_id": f"{group.prompt_id}-{index}"}
+        instance = {**group.instance, "instance_id": group.prompt_id,
+                    "trajectory_id": f"{group.prompt_id}-{index}"}
         return {"instance": instance, "sampling_params": dict(self.config.sampling_params),
                 "task": self.config.task, "timeout_s": self.config.timeout_s}
 
@@ -238,9 +239,7 @@ class AsyncDAPOCollector:
             stats = StepStats(self.step, carried_in=carried_in)
             started, busy_before = time.monotonic(), await self._busy()
             self._cancelled_ids = []
-        for rollout in self._orphans:
-            self._watch(rollout)
-        self._orphans.clear()
+        self._rewatch_failed_waits()
         groups = self._take_ready(stats)
         try:
             await self._fill(groups, stats, started)
@@ -287,8 +286,21 @@ class AsyncDAPOCollector:
             return await self._results.get()
         try:
             return await asyncio.wait_for(self._results.get(), max(0.0, started + timeout - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
+
+    def _rewatch_failed_waits(self) -> None:
+        """Watch again every rollout whose wait gave up (the gateway was unreachable): the job
+        itself went on in the service, and its result is still there to read."""
+        queued = [self._results.get_nowait() for _ in range(self._results.qsize())]
+        for rollout, outcome in queued:
+            if _wait_failed(outcome):
+                self._orphans.append(rollout)
+            else:
+                self._results.put_nowait((rollout, outcome))
+        for rollout in self._orphans:
+            self._watch(rollout)
+        self._orphans.clear()
 
     def _take_ready(self, stats: StepStats) -> list[Group]:
         """Groups completed after the last batch was cut, if still fresh enough."""
@@ -318,7 +330,7 @@ class AsyncDAPOCollector:
             batch.append(rollout)
         if batch:
             outcomes = await asyncio.gather(*(self._submit(r) for r in batch), return_exceptions=True)
-            errors = [self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes)]
+            errors = [self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes, strict=True)]
             for error in errors:
                 if error is not None:
                     raise error
@@ -383,8 +395,8 @@ class AsyncDAPOCollector:
 
     def _collect(self, rollout: Rollout, outcome: dict[str, Any] | Exception, stats: StepStats) -> Group | None:
         """Record one result; returns its group when that completes informative."""
-        if isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound):
-            self._orphans.append(rollout)  # the job still runs; watch it again next step
+        if _wait_failed(outcome):
+            self._orphans.append(rollout)  # the job still runs; watched again by the next call
             raise outcome
         group = self._groups.get(rollout.group_key)
         if group is None or group.rollouts.get(rollout.index) is not rollout:
@@ -453,7 +465,7 @@ class AsyncDAPOCollector:
         """Read results already in, carry over the useful unfinished groups, cancel the rest."""
         while not self._results.empty():
             rollout, outcome = self._results.get_nowait()
-            if isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound):
+            if _wait_failed(outcome):
                 self._orphans.append(rollout)
                 continue
             group = self._collect(rollout, outcome, stats)
@@ -542,6 +554,11 @@ class DAPOCollector:
 
     def close(self, cancel: bool = True) -> None:
         self.client.run(self.aio.aclose(cancel))
+
+
+def _wait_failed(outcome: dict[str, Any] | Exception) -> bool:
+    """The wait for a job gave up (not: the job is unknown, which is a lost rollout)."""
+    return isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound)
 
 
 async def _make_async(client: AsyncRolloutClient, prompts: Iterable[dict[str, Any]],

@@ -122,9 +122,7 @@ class LocalCluster:
         base = self.redis_url or self._start_redis()
         self.broker_url, self.state_url = _with_db(base, 0), _with_db(base, 1)
         self.gateway_url = f"http://127.0.0.1:{free_port()}"
-        self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
-                                "-w", str(self.gateway_workers), "-b", self.gateway_url.removeprefix("http://"),
-                                "api:create_app()"])
+        self._spawn_gateway()
         for stage, count in self.concurrency.items():
             self.start_worker(stage, count)
         if self.llm_command:
@@ -135,6 +133,28 @@ class LocalCluster:
         if self.llm_url:
             httpx.post(self.gateway_url + "/add_llm_server",
                        json={"address": self.llm_url, "type": self.llm_protocol}).raise_for_status()
+
+    def _spawn_gateway(self) -> ManagedProcess:
+        return self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
+                                       "-w", str(self.gateway_workers), "-b",
+                                       self.gateway_url.removeprefix("http://"), "api:create_app()"])
+
+    def restart_gateway(self, kill: bool = False, down_s: float = 0.0) -> None:
+        """Stop the gateway (SIGKILL when ``kill``, no drain) and start it on the same address.
+
+        The gateway is stateless, so clients that retry lose nothing: their jobs live in Redis.
+        """
+        old = self._process("gateway")
+        if old is not None:
+            if kill:
+                os.killpg(old.popen.pid, signal.SIGKILL)
+                old.popen.wait(10)
+            else:
+                old.stop()
+            self.processes.remove(old)
+        time.sleep(down_s)
+        new = self._spawn_gateway()
+        wait_until(lambda: httpx.get(self.gateway_url + "/healthz").status_code == 200, 60, "gateway", new)
 
     def start_worker(self, stage: Stage, concurrency: int, name: str | None = None) -> ManagedProcess:
         name = name or f"{stage.value}-{os.getpid()}-{len(self.processes)}"

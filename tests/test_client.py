@@ -1,0 +1,312 @@
+"""The trainer-side client: retries, fail-over, idempotent ids and errors against an in-memory
+gateway (an httpx transport), then the same calls against the real service."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from prorl_celery.client import (
+    AsyncRolloutClient,
+    GatewayError,
+    GatewayUnavailable,
+    JobRequest,
+    RequestRejected,
+    RetryPolicy,
+    RolloutClient,
+    WaitTimeout,
+    distribute_backends,
+)
+from prorl_celery.errors import BadRequest, JobNotFound, ProrlError, ServiceStopped, UnknownTask
+from prorl_celery.local import free_port
+
+LOSE_REPLY = "lose reply"
+FAST = RetryPolicy(attempts=6, backoff_s=0.001, max_backoff_s=0.01, deadline_s=5)
+
+# -- an in-memory gateway ---------------------------------------------------------------------------
+
+#: POST /jobs body -> (final status, reward, seconds until it ends)
+Script = Callable[[dict[str, Any]], tuple[str, float, float]]
+
+
+def default_script(body: dict[str, Any]) -> tuple[str, float, float]:
+    instance = body["instance"]
+    return instance.get("status", "completed"), float(instance.get("reward", 1.0)), float(instance.get("delay", 0))
+
+
+@dataclass
+class FakeJob:
+    job_id: str
+    body: dict[str, Any]
+    generation: int
+    status: str = "pending_init"
+    reward: float = 0.0
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    timer: asyncio.TimerHandle | None = None
+
+    def result(self) -> dict[str, Any]:
+        instance = self.body["instance"]
+        return {"job_id": self.job_id, "status": self.status, "reward": self.reward,
+                "instance_id": instance.get("instance_id"), "trajectory_id": instance.get("trajectory_id"),
+                "generation": self.generation, "critical_error": None, "error": None, "trajectory": None}
+
+
+class FakeGateway:
+    """The gateway's job endpoints in memory, as an httpx transport (``/jobs``, ``/cancel``, backends).
+
+    ``faults`` is consumed one per request: an int answers with that status and a JSON error body,
+    an exception class is raised as a transport error, ``LOSE_REPLY`` serves the request and then
+    fails as if the reply were lost. Hosts in ``down`` refuse every connection.
+    """
+
+    def __init__(self, script: Script = default_script) -> None:
+        self.script = script
+        self.jobs: dict[str, FakeJob] = {}
+        self.faults: list[int | type[Exception] | str] = []
+        self.down: set[str] = set()
+        self.requests: Counter[str] = Counter()
+        self.hosts: Counter[str] = Counter()
+        self.generation = 0
+        self.backends: list[str] = []
+        self.transport = httpx.MockTransport(self.handle)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host in self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        self.hosts[request.url.host] += 1
+        if self.faults:
+            fault = self.faults.pop(0)
+            if isinstance(fault, int):
+                code = {400: "bad_request", 503: "service_stopped"}.get(fault, "boom")
+                return httpx.Response(fault, json={"code": code, "message": f"scripted {fault}"})
+            if fault != LOSE_REPLY:
+                raise fault("scripted transport failure", request=request)
+            await self.serve(request)
+            raise httpx.ReadError("scripted lost reply", request=request)
+        return await self.serve(request)
+
+    async def serve(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.requests[f"{request.method} {path.split('/jobs/')[0] or '/jobs/<id>'}"] += 1
+        payload = json.loads(request.content) if request.content else {}
+        if request.method == "POST" and path == "/jobs":
+            return self.create(payload)
+        if request.method == "GET" and path.startswith("/jobs/"):
+            return await self.get(path.removeprefix("/jobs/"), float(request.url.params.get("wait", 0)))
+        if path == "/cancel":
+            return self.cancel(payload["job_ids"])
+        if path == "/add_llm_server":
+            self.backends.append(payload["address"])
+            return httpx.Response(200, json={"added": True, "generation": self.generation, **payload})
+        if path == "/clear_llm_server":
+            self.generation += 1
+            self.backends.clear()
+            return httpx.Response(200, json={"generation": self.generation})
+        return httpx.Response(404, json={"code": "not_found", "message": path})
+
+    def create(self, body: dict[str, Any]) -> httpx.Response:
+        job_id = body["job_id"]
+        created = job_id not in self.jobs
+        if created:
+            job = self.jobs[job_id] = FakeJob(job_id, body, self.generation)
+            status, reward, delay = self.script(body)
+            job.status = "run"
+            job.timer = asyncio.get_running_loop().call_later(delay, self.finish, job, status, reward)
+        return httpx.Response(202, json={"job_id": job_id, "status": self.jobs[job_id].status, "created": created})
+
+    def finish(self, job: FakeJob, status: str, reward: float) -> None:
+        if not job.ended.is_set():
+            job.status, job.reward = status, reward
+            job.ended.set()
+
+    async def get(self, job_id: str, wait: float) -> httpx.Response:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return httpx.Response(404, json={"code": "job_not_found", "message": f"no job with id {job_id!r}"})
+        try:
+            await asyncio.wait_for(job.ended.wait(), wait)
+        except TimeoutError:
+            return httpx.Response(202, json={"job_id": job_id, "status": job.status})
+        return httpx.Response(200, json=job.result())
+
+    def cancel(self, ids: list[str]) -> httpx.Response:
+        cancelled, not_cancelled = [], {}
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is None or job.ended.is_set():
+                not_cancelled[job_id] = job.status if job else "not_found"
+                continue
+            job.timer.cancel()
+            self.finish(job, "cancelled", 0.0)
+            cancelled.append(job_id)
+        return httpx.Response(200, json={"cancelled": cancelled, "not_cancelled": not_cancelled})
+
+    def statuses(self) -> Counter[str]:
+        return Counter(job.status for job in self.jobs.values())
+
+
+def fake_client(fake: FakeGateway, urls: str | list[str] = "http://gw", **options) -> AsyncRolloutClient:
+    return AsyncRolloutClient(urls, retry=options.pop("retry", FAST), transport=fake.transport, **options)
+
+
+# -- unit tests: in-memory gateway ------------------------------------------------------------------
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_retried_submit_reuses_its_job_id_and_creates_once():
+    fake = FakeGateway()
+    fake.faults = [503, httpx.ConnectError, LOSE_REPLY, 502]
+    async with fake_client(fake) as client:
+        job_id = await client.submit({"reward": 1.0}, job_id="trainer-1")
+        assert job_id == "trainer-1"
+        assert (await client.wait(job_id))["status"] == "completed"
+    # the job was created by the attempt whose reply was lost; the next attempt found it
+    assert list(fake.jobs) == ["trainer-1"] and fake.requests["POST /jobs"] == 2
+
+
+@pytest.mark.anyio
+async def test_fails_over_to_the_next_url_and_stays_there():
+    fake = FakeGateway()
+    fake.down = {"gw-a"}
+    async with fake_client(fake, ["http://gw-a:1", "http://gw-b:2"]) as client:
+        results = [await client.process({"reward": 0.5}) for _ in range(3)]
+    assert [r["reward"] for r in results] == [0.5] * 3
+    assert fake.hosts == {"gw-b": 6}  # one submit and one wait per job, all on the live gateway
+
+
+@pytest.mark.anyio
+async def test_gateway_errors_map_to_the_error_tree():
+    fake = FakeGateway()
+    async with fake_client(fake) as client:
+        with pytest.raises(JobNotFound) as missing:
+            await client.poll("nope")
+        assert isinstance(missing.value, KeyError) and missing.value.status_code == 404
+        assert missing.value.code == "job_not_found" and "nope" in missing.value.message
+        for status, expected in [(400, BadRequest), (418, RequestRejected), (500, GatewayError)]:
+            fake.faults = [status]
+            with pytest.raises(expected) as caught:
+                await client.submit({})
+            assert isinstance(caught.value, ProrlError) and caught.value.status_code == status
+        fake.faults = [503] * 10
+        with pytest.raises(ServiceStopped):  # after the bounded retries
+            await client.submit({})
+        assert fake.faults == [503] * 4  # FAST makes six attempts
+
+
+@pytest.mark.anyio
+async def test_unreachable_gateways_give_up_within_the_budget():
+    fake = FakeGateway()
+    fake.down = {"gw-a", "gw-b"}
+    policy = RetryPolicy(attempts=100, backoff_s=0.01, max_backoff_s=0.05, deadline_s=0.5)
+    started = time.monotonic()
+    async with fake_client(fake, ["http://gw-a:1", "http://gw-b:2"], retry=policy) as client:
+        with pytest.raises(GatewayUnavailable) as caught:
+            await client.status()
+    assert isinstance(caught.value, ConnectionError) and "gw-a" in str(caught.value)
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.anyio
+async def test_clear_is_retried_only_when_it_surely_never_arrived():
+    fake = FakeGateway()
+    async with fake_client(fake) as client:
+        fake.faults = [httpx.ConnectError]
+        assert await client.clear_llm_servers() == 1
+        fake.faults = [httpx.ReadError]  # may have been applied: bumping twice is not a retry
+        with pytest.raises(GatewayUnavailable):
+            await client.clear_llm_servers()
+
+
+@pytest.mark.anyio
+async def test_wait_timeout_leaves_the_job_running():
+    fake = FakeGateway()
+    async with fake_client(fake, poll_s=0.05) as client:
+        job_id = await client.submit({"delay": 0.6})
+        with pytest.raises(WaitTimeout) as caught:
+            await client.wait(job_id, timeout_s=0.1)
+        assert isinstance(caught.value, TimeoutError) and caught.value.status == "run"
+        assert (await client.wait(job_id))["status"] == "completed"
+
+
+@pytest.mark.anyio
+async def test_async_as_completed_yields_in_completion_order():
+    fake = FakeGateway()
+    async with fake_client(fake, poll_s=0.2) as client:
+        ids = await client.submit_many(JobRequest({"delay": d, "reward": d}) for d in (0.3, 0.1, 0.2, 0.0))
+        order = [r["reward"] async for r in client.as_completed(ids)]
+        assert order == [0.0, 0.1, 0.2, 0.3]
+        assert [r["reward"] for r in await client.wait_all(ids)] == [0.3, 0.1, 0.2, 0.0]
+
+
+def test_sync_client_facade_and_backend_distribution():
+    fakes = {url: FakeGateway() for url in ("http://10.0.0.1:8080", "http://10.0.0.2:8080")}
+    clients = {url: RolloutClient(url, retry=FAST, transport=fake.transport) for url, fake in fakes.items()}
+    try:
+        client = clients["http://10.0.0.1:8080"]
+        ids = client.submit_many([JobRequest({"delay": 0.2, "reward": 1}), JobRequest({"reward": 0})])
+        assert [r["reward"] for r in client.as_completed(ids)] == [0, 1]
+        outcome = client.cancel(client.submit({"delay": 5}))
+        assert len(outcome.cancelled) == 1 and outcome.not_cancelled == {}
+        assert client.cancel(ids).not_cancelled == {ids[0]: "completed", ids[1]: "completed"}
+        plan = distribute_backends(clients, ["http://10.0.0.2:8000/v1", "http://10.0.0.1:8000/v1",
+                                             "http://10.0.0.3:8000/v1"])
+        assert plan == {"http://10.0.0.1:8080": ["http://10.0.0.1:8000/v1", "http://10.0.0.3:8000/v1"],
+                        "http://10.0.0.2:8080": ["http://10.0.0.2:8000/v1"]}
+        assert {url: fake.backends for url, fake in fakes.items()} == plan
+        assert all(fake.generation == 1 for fake in fakes.values())  # cleared before registering
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+# -- the real service -------------------------------------------------------------------------------
+
+def test_real_service_jobs_errors_and_backends(gateway):
+    with RolloutClient(gateway.cluster.gateway_url, poll_s=5) as client:
+        # a job that only ends when cancelled, after two quick ones: completion order, not submission
+        ids = client.submit_many([JobRequest({"data_source": "fault", "run_sleep_s": 60}),
+                                  JobRequest({"data_source": "fault", "reward": 0.5}),
+                                  JobRequest({"data_source": "fault", "reward": 0.25})])
+        seen = []
+        for result in client.as_completed(ids):
+            seen.append((result["job_id"], result["status"]))
+            if len(seen) == 2:
+                assert client.cancel(ids).cancelled == [ids[0]]
+        assert sorted(seen[:2]) == sorted([(ids[1], "completed"), (ids[2], "completed")])
+        assert seen[2] == (ids[0], "cancelled")
+        again = client.submit({"data_source": "fault", "reward": 0.5}, job_id=ids[1])
+        assert again == ids[1] and client.status()["jobs"]["completed"] == 2  # never ran twice
+        assert client.wait(ids[1])["reward"] == 0.5
+        with pytest.raises(UnknownTask) as unknown:
+            client.submit({"data_source": "chess"})
+        assert unknown.value.code == "unknown_task" and "math" in unknown.value.message
+        with pytest.raises(BadRequest, match="job_id"):
+            client.submit({"data_source": "fault"}, job_id="no spaces allowed")
+        with pytest.raises(JobNotFound):
+            client.wait("never-submitted")
+        generation = client.clear_llm_servers()
+        assert client.add_llm_server("http://127.0.0.1:9/v1")["generation"] == generation
+        assert [s["address"] for s in client.llm_servers()["servers"]] == ["http://127.0.0.1:9/v1"]
+
+
+def test_real_service_fail_over_from_a_dead_gateway(gateway):
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def scenario() -> list[dict]:
+        async with AsyncRolloutClient([dead, gateway.cluster.gateway_url], retry=FAST) as client:
+            ids = await client.submit_many(JobRequest({"data_source": "fault", "reward": 0.25}) for _ in range(4))
+            return [r async for r in client.as_completed(ids)]
+
+    results = asyncio.run(scenario())
+    assert [r["status"] for r in results] == ["completed"] * 4 and {r["reward"] for r in results} == {0.25}

@@ -1,0 +1,330 @@
+"""The DAPO collector: its policies against an in-memory gateway, then the issue's demonstrations
+against the real service (gateway, workers, Redis) and a scripted LLM server."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prorl_celery.client import AsyncRolloutClient, GatewayUnavailable, RetryPolicy, RolloutClient
+from prorl_celery.dapo import AsyncDAPOCollector, DAPOCollector, PromptsExhausted, RolloutsFailing, not_all_equal
+from prorl_celery.local import LocalCluster
+from tests.conftest import rules_file, start_llm_server
+from tests.test_client import FAST, LOSE_REPLY, FakeGateway
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# -- in-memory gateway ---------------------------------------------------------------------------
+
+def scripted(body: dict[str, Any]) -> tuple[str, float, float]:
+    """``kind`` easy (all right), hard (all wrong) or mixed (odd rollouts right); per-rollout
+    ``delays`` and ``statuses`` (of the first attempt only: ``-0`` ends the job id)."""
+    instance = body["instance"]
+    index = int(instance["trajectory_id"].rsplit("-", 1)[1])
+    reward = {"easy": 1.0, "hard": 0.0, "mixed": float(index % 2)}[instance["kind"]]
+    delay = instance.get("delays", {}).get(str(index), instance.get("delay", 0.01))
+    first_attempt = body["job_id"].endswith("-0")
+    status = instance.get("statuses", {}).get(str(index), "completed") if first_attempt else "completed"
+    return status, reward, delay
+
+
+def prompt(kind: str, **fields) -> dict[str, Any]:
+    return {"data_source": "fake", "kind": kind, **fields}
+
+
+def collector(fake: FakeGateway, prompts, **options) -> AsyncDAPOCollector:
+    client = AsyncRolloutClient("http://gw", retry=FAST, poll_s=0.5, transport=fake.transport)
+    return AsyncDAPOCollector(client, prompts, **options)
+
+
+@pytest.mark.anyio
+async def test_exactly_b_informative_groups_per_step_and_nothing_duplicated():
+    fake = FakeGateway(scripted)
+    kinds = itertools.cycle(["easy", "hard", "mixed", "hard", "mixed", "easy"])
+    dapo = collector(fake, (prompt(k, instance_id=f"q{i}-{k}") for i, k in enumerate(kinds)),
+                     group_size=4, batch_groups=3, max_in_flight=8)
+    submitted = 0
+    for step in (1, 2, 3):
+        batch = await dapo.next_batch()
+        assert batch.step == step and len(batch.groups) == batch.stats.informative == 3
+        for group in batch.groups:
+            assert group.prompt_id.endswith("mixed") and group.rewards == [0.0, 1.0, 0.0, 1.0]
+            assert [r.index for r in group.ordered] == [0, 1, 2, 3]
+            assert all(r.status == "completed" and r.result["instance_id"] == group.prompt_id for r in group.ordered)
+        assert batch.stats.filtered >= 2 and batch.stats.wall_s > 0
+        if step == 1:  # submission never runs more than N ahead of the results read
+            assert batch.stats.submitted <= batch.stats.completed + 8
+        submitted += batch.stats.submitted
+    await dapo.aclose()
+    assert len(fake.jobs) == submitted  # every submission made exactly one job
+    assert set(fake.statuses()) <= {"completed", "cancelled"}
+
+
+@pytest.mark.anyio
+async def test_carry_over_is_tagged_and_hopeless_groups_are_cancelled():
+    fake = FakeGateway(scripted)
+    prompts = [prompt("mixed", instance_id="carry", delays={"2": 0.8, "3": 0.8}),
+               prompt("mixed", instance_id="stuck", delay=60),
+               prompt("mixed", instance_id="fast")]
+    dapo = collector(fake, prompts, group_size=4, batch_groups=1, max_in_flight=12)
+    first = await dapo.next_batch()
+    assert [g.prompt_id for g in first.groups] == ["fast"]
+    assert not any(r.carried_over for r in first.rollouts)
+    stuck = sorted(j for j in fake.jobs if fake.jobs[j].body["instance"]["instance_id"] == "stuck")
+    assert sorted(first.cancelled_job_ids) == stuck and first.stats.cancelled == 4
+    assert all(fake.jobs[j].status == "cancelled" for j in stuck)
+    assert (first.stats.carried_groups, first.stats.carried_over) == (1, 2)
+    second = await dapo.next_batch()
+    (carried,) = second.groups
+    assert carried.prompt_id == "carry" and carried.rewards == [0.0, 1.0, 0.0, 1.0]
+    assert {(r.step, r.batch_step, r.carried_over) for r in carried.ordered} == {(1, 2, True)}
+    assert second.stats.carried_in == 2 and second.stats.submitted == 0
+    with pytest.raises(PromptsExhausted):
+        await dapo.next_batch()
+
+
+@pytest.mark.anyio
+async def test_no_carry_over_beyond_max_staleness():
+    fake = FakeGateway(scripted)
+    prompts = [prompt("mixed", instance_id="carry", delays={"2": 0.5, "3": 0.5}),
+               prompt("mixed", instance_id="fast")]
+    dapo = collector(fake, prompts, group_size=4, batch_groups=1, max_in_flight=8, max_staleness=0)
+    batch = await dapo.next_batch()
+    assert [g.prompt_id for g in batch.groups] == ["fast"]
+    assert batch.stats.carried_groups == 0 and len(batch.cancelled_job_ids) == 2
+    with pytest.raises(PromptsExhausted):
+        await dapo.next_batch()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("policy", ["zero", "drop", "retry"])
+async def test_failed_rollouts_follow_the_policy(policy):
+    fake = FakeGateway(scripted)
+    prompts = [prompt("easy", instance_id="flaky", statuses={"1": "failed"}), prompt("mixed", instance_id="ok")]
+    dapo = collector(fake, prompts, group_size=2, batch_groups=2, max_in_flight=4, on_failed=policy)
+    batch = await dapo.next_batch()
+    by_id = {g.prompt_id: g for g in batch.groups}
+    if policy == "zero":  # the failure counts as a wrong answer: now the easy group is informative
+        assert by_id["flaky"].rewards == [1.0, 0.0] and by_id["flaky"].ordered[1].status == "failed"
+    elif policy == "drop":
+        assert set(by_id) == {"ok"} and batch.stats.failed_groups == 1
+    else:  # retried under a new job id, then all right: not informative
+        assert set(by_id) == {"ok"} and batch.stats.retried == 1 and batch.stats.filtered == 1
+        assert sum(1 for j in fake.jobs if fake.jobs[j].body["instance"]["instance_id"] == "flaky") == 3
+
+
+@pytest.mark.anyio
+async def test_a_broken_service_raises_instead_of_spinning():
+    fake = FakeGateway(scripted)
+    endless = itertools.repeat(prompt("mixed", statuses={"0": "failed", "1": "failed"}))
+    dapo = collector(fake, endless, group_size=2, batch_groups=1, max_in_flight=4, max_failures_in_row=6)
+    with pytest.raises(RolloutsFailing, match="7 rollouts in a row"):
+        await dapo.next_batch()
+
+
+@pytest.mark.anyio
+async def test_timeouts_count_as_wrong_by_default():
+    fake = FakeGateway(scripted)
+    dapo = collector(fake, [prompt("easy", statuses={"0": "timeout"})], group_size=2, batch_groups=1)
+    (group,) = (await dapo.next_batch()).groups
+    assert group.rewards == [0.0, 1.0] and [r.status for r in group.ordered] == ["timeout", "completed"]
+
+
+@pytest.mark.anyio
+async def test_lost_replies_and_outages_resume_by_job_id():
+    fake = FakeGateway(scripted)
+    kinds = itertools.cycle(["mixed", "hard"])
+    dapo = collector(fake, (prompt(k, delay=0.05) for k in kinds), group_size=2, batch_groups=4, max_in_flight=4)
+    fake.faults = [LOSE_REPLY, httpx.ConnectError, 503, LOSE_REPLY, httpx.ReadError, LOSE_REPLY] * 3
+    batch = await dapo.next_batch()
+    assert len(batch.groups) == 4 and not fake.faults
+    await dapo.aclose()
+    assert len(fake.jobs) == batch.stats.submitted  # a lost reply never made a second job
+
+
+@pytest.mark.anyio
+async def test_an_outage_beyond_the_retry_budget_raises_and_the_retried_step_keeps_everything():
+    def script(body):
+        if body["instance"]["instance_id"] == "b":  # the gateway dies while b's rollouts run (0.8 s
+            # > poll_s: their waits come back and find it gone)
+            asyncio.get_running_loop().call_later(0.05, fake.down.add, "gw")
+        return scripted(body)
+
+    fake = FakeGateway(script)
+    prompts = [prompt("mixed", instance_id="a"), prompt("mixed", instance_id="b", delay=0.8)]
+    dapo = collector(fake, prompts, group_size=2, batch_groups=2, max_in_flight=2)
+    with pytest.raises(GatewayUnavailable):
+        await dapo.next_batch()
+    fake.down.clear()
+    batch = await dapo.next_batch()
+    assert batch.step == 1 and sorted(g.prompt_id for g in batch.groups) == ["a", "b"]
+    assert len(fake.jobs) == batch.stats.submitted == 4  # b's rollouts were watched again, not resubmitted
+
+
+@pytest.mark.anyio
+async def test_exhausted_stream_and_step_timeout_return_what_there_is():
+    fake = FakeGateway(scripted)
+    dapo = collector(fake, [prompt("mixed"), prompt("easy")], group_size=2, batch_groups=3)
+    partial = await dapo.next_batch()
+    assert len(partial.groups) == 1 and partial.stats.filtered == 1
+    with pytest.raises(PromptsExhausted):
+        await dapo.next_batch()
+    slow = collector(fake, itertools.repeat(prompt("mixed", delay=60)), group_size=2, batch_groups=1,
+                     max_in_flight=4, step_timeout_s=0.3, carry_over=False)
+    empty = await slow.next_batch()
+    assert empty.groups == [] and empty.stats.submitted == 4 and empty.stats.cancelled == 4
+
+
+@pytest.mark.anyio
+async def test_custom_filter_request_and_busy_probe():
+    fake = FakeGateway(scripted)
+    ticks = itertools.count()
+
+    def request(group, index):  # the mixed pattern flips with the index offset
+        instance = {**group.instance, "trajectory_id": f"x-{index + 1}"}
+        return {"instance": instance, "sampling_params": {"seed": index}}
+
+    dapo = collector(fake, [prompt("mixed"), prompt("easy")], group_size=2, batch_groups=1,
+                     group_filter=lambda rewards: sum(rewards) == len(rewards), make_request=request,
+                     busy_probe=lambda: float(next(ticks)))
+    batch = await dapo.next_batch()
+    (group,) = batch.groups
+    assert group.rewards == [1.0, 1.0] and group.instance["kind"] == "easy"
+    assert {r.result["trajectory_id"] for r in group.ordered} == {"x-1", "x-2"}
+    assert batch.stats.busy_fraction == pytest.approx(1 / batch.stats.wall_s)
+    assert not_all_equal([1, 0]) and not not_all_equal([1, 1]) and not not_all_equal([0.5])
+
+
+# -- the real service ----------------------------------------------------------------------------
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("train_loop", ROOT / "examples" / "train_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_loop = load_example()
+
+#: right when the rollout mark is even ("#r0", "#r2"), wrong when odd; EASY always right, HARD
+#: never; STUCK, LATE (marks 2 and 3), MIXED and PAUSE reply after a delay. The scripted server
+#: matches on the whole prompt; the example training loop's rules come first.
+RULES = train_loop.scripted_rules() + [
+    {"match": "STUCK", "replies": ["\\boxed{1}"], "delay_s": 60, "scope": "prompt"},
+    {"match": "LATE.*#r[23]", "replies": ["\\boxed{1}"], "delay_s": 8, "scope": "prompt"},
+    {"match": "MIXED.*#r[02468]", "replies": ["\\boxed{1}"], "delay_s": 0.5, "scope": "prompt"},
+    {"match": "MIXED", "replies": ["\\boxed{2}"], "delay_s": 0.5, "scope": "prompt"},
+    {"match": "PAUSE.*#r[02468]", "replies": ["\\boxed{1}"], "delay_s": 1.5, "scope": "prompt"},
+    {"match": "PAUSE", "replies": ["\\boxed{2}"], "delay_s": 1.5, "scope": "prompt"},
+    {"match": "EASY", "replies": ["\\boxed{1}"], "scope": "prompt"},
+    {"match": "HARD", "replies": ["\\boxed{2}"], "scope": "prompt"},
+    {"match": "#r[02468]\\b", "replies": ["So \\boxed{1}."], "scope": "prompt"},
+    {"match": "#r[13579]\\b", "replies": ["So \\boxed{2}."], "scope": "prompt"},
+]
+
+
+def mark_rollout(group, index: int) -> dict[str, Any]:
+    """Each rollout of a prompt sees its own mark, so the scripted answers differ within a group."""
+    instance = {**group.instance, "problem": f"{group.instance['problem']} #r{index}",
+                "instance_id": group.prompt_id, "trajectory_id": f"{group.prompt_id}-{index}"}
+    return {"instance": instance, "sampling_params": {"max_tokens": 32}}
+
+
+def math_prompt(name: str, tag: str) -> dict[str, Any]:
+    return {"data_source": "math", "instance_id": name, "problem": f"{tag}: what is 3 - 2?", "answer": "1"}
+
+
+@pytest.fixture(scope="module")
+def scripted_backend(qwen3_tokenizer, tmp_path_factory):
+    server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("dapo-llm"), "dapo-llm",
+                              rules=rules_file(RULES))
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture
+def service(gateway, scripted_backend):
+    gateway.post("/add_llm_server", json={"address": scripted_backend.address()}).raise_for_status()
+    gateway.cluster_backend = scripted_backend.address()
+    return gateway
+
+
+def job_status(service, job_id: str) -> str:
+    return service.get(f"/jobs/{job_id}").json()["status"]
+
+
+def test_real_service_b_informative_groups_cancel_and_carry_over(service):
+    prompts = [math_prompt("late", "LATE"), math_prompt("stuck", "STUCK"), math_prompt("easy", "EASY"),
+               math_prompt("hard", "HARD"), math_prompt("mixed-1", "MIXED"), math_prompt("mixed-2", "MIXED")]
+    with RolloutClient(service.cluster.gateway_url, poll_s=5) as client, \
+            DAPOCollector(client, prompts, group_size=4, batch_groups=2, max_in_flight=24,
+                          make_request=mark_rollout) as dapo:
+        first = dapo.next_batch()
+        assert sorted(g.prompt_id for g in first.groups) == ["mixed-1", "mixed-2"]
+        assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in first.groups)
+        assert first.stats.filtered == 2  # easy and hard completed and were dropped
+        # "stuck" had no result: cancelled, in the service too; "late" is half done and proven
+        assert len(first.cancelled_job_ids) == 4 and first.stats.cancelled == 4
+        assert {service.get(f"/jobs/{j}").json()["instance_id"] for j in first.cancelled_job_ids} == {"stuck"}
+        assert {job_status(service, j) for j in first.cancelled_job_ids} == {"cancelled"}
+        assert (first.stats.carried_groups, first.stats.carried_over) == (1, 2)
+        old_generation = first.rollouts[0].generation
+        # a weight update: the backend is registered again, under a new generation
+        assert client.clear_llm_servers() == old_generation + 1
+        client.add_llm_server(service.cluster_backend)
+        second = dapo.next_batch()
+        (late,) = second.groups
+        assert late.prompt_id == "late" and late.rewards == [1.0, 0.0, 1.0, 1.0]
+        assert all(r.step == 1 and r.batch_step == 2 and r.carried_over for r in late.ordered)
+        assert {r.generation for r in late.ordered} == {old_generation}  # produced before the update
+        with pytest.raises(PromptsExhausted):
+            dapo.next_batch()
+    counts = service.get("/status").json()["jobs"]
+    assert (counts["completed"], counts["cancelled"]) == (20, 4)  # 24 jobs: none ran twice
+
+
+def restart_gateway(cluster: LocalCluster) -> None:
+    """Kill the gateway (SIGKILL, no graceful drain); clients see refused connections for 1 s."""
+    cluster.restart_gateway(kill=True, down_s=1.0)
+
+
+def test_real_service_gateway_restart_mid_step_loses_nothing(service):
+    cluster = service.cluster
+    prompts = [math_prompt(f"pause-{i}", "PAUSE") for i in range(6)]
+    retry = RetryPolicy(attempts=60, backoff_s=0.1, max_backoff_s=1.0, deadline_s=90)
+    with RolloutClient(cluster.gateway_url, retry=retry, poll_s=5) as client, \
+            DAPOCollector(client, prompts, group_size=2, batch_groups=5, max_in_flight=4,
+                          make_request=mark_rollout) as dapo:
+        restarter = threading.Timer(0.8, restart_gateway, args=(cluster,))
+        restarter.start()
+        try:
+            batch = dapo.next_batch()
+        finally:
+            restarter.join()
+        assert client.aio.retried > 0  # the step really ran into the dead gateway
+        assert len(batch.groups) == 5 and all(g.rewards == [1.0, 0.0] for g in batch.groups)
+        assert all(r.status == "completed" for r in batch.rollouts)
+    jobs = service.get("/status").json()["jobs"]
+    # every job once (a retried submit found its job), none left behind: completed or cancelled
+    assert sum(jobs.values()) == batch.stats.submitted == jobs["completed"] + jobs["cancelled"]
+    assert jobs["completed"] >= 10
+
+
+def test_example_training_loop_runs(service, scripted_backend):
+    history = train_loop.train([service.cluster.gateway_url], scripted_backend.address(), steps=2,
+                               group_size=2, batch_groups=2, update_s=0, log=lambda line: None)
+    assert [h["step"] for h in history] == [1, 2] and all(h["informative"] == 2 for h in history)
+    assert history[1]["generation"] == history[0]["generation"] + 1  # re-registered after each update
+    assert all(h["tokens"] > 0 and h["mean_abs_advantage"] > 0 for h in history)
