@@ -57,9 +57,9 @@ def submit(body: ProcessRequest) -> tuple[str, bool]:
     return job_id, created
 
 
-def job_response(job_id: str, wait_s: float):
+def job_response(job_id: str, wait_s: float, *, exists: bool = False):
     store = get_services().store
-    store.wait(job_id, wait_s)
+    store.wait(job_id, wait_s, exists=exists)
     record = store.load(job_id)
     if JobStatus(record["status"]).terminal:
         return jsonify(build_result(store, record)), 200
@@ -72,7 +72,7 @@ def process():
     job_id, _ = submit(body)
     settings = get_services().settings
     wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
-    return job_response(job_id, wait_s)
+    return job_response(job_id, wait_s, exists=True)
 
 
 @bp.post("/jobs")

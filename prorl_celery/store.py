@@ -186,21 +186,24 @@ class JobStore:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def wait(self, job_id: str, timeout_s: float) -> JobStatus:
+    def wait(self, job_id: str, timeout_s: float, *, exists: bool = False) -> JobStatus:
         """Block until the job ends or ``timeout_s`` passes; returns its status then.
 
         Reads the completion stream from its start, so a job that ended before the call is
-        seen at once; no message can be missed as with pub/sub.
+        seen at once; no message can be missed as with pub/sub. ``exists``: the caller has just
+        created the job, so the first status read is skipped.
         """
         deadline = time.monotonic() + timeout_s
+        read_status = not exists
         while True:
-            status = self.status(job_id)
-            if status is None:
-                raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
-            left = deadline - time.monotonic()
-            if status.terminal or left <= 0:
-                return status
-            block_ms = max(1, int(min(left, BLOCK_CHUNK_S) * 1000))
+            if read_status:
+                status = self.status(job_id)
+                if status is None:
+                    raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
+                if status.terminal or time.monotonic() >= deadline:
+                    return status
+            read_status = True
+            block_ms = max(1, int(min(deadline - time.monotonic(), BLOCK_CHUNK_S) * 1000))
             reply = self.redis.xread({keys.job_done(job_id): "0-0"}, count=1, block=block_ms)
             if reply:  # the stream's single entry is written as the job ends and names its status
                 return JobStatus(_first_entry(reply)["status"])
