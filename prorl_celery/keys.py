@@ -19,6 +19,8 @@ prorl:llm:types                    hash    backend address -> protocol (vllm | s
 prorl:llm:inflight                 hash    backend address -> jobs in RUN on it now
 prorl:llm:generation               string  bumped by /clear_llm_server
 prorl:reaper:lock                  string  owner of the lease reaper (expires, so a dead owner lapses)
+prorl:node:<node>:addresses        hash    loopback address -> sandbox that leases it
+prorl:node:<node>:sandboxes        hash    sandbox id -> ledger record (JSON): job, worker, pids
 prorl:workers                      zset    worker name -> last heartbeat (unix time)
 prorl:worker:<name>                hash    worker's node, queues, pid, concurrency
 prorl:cancel                       pubsub  job ids being cancelled (a wake-up; the job record
@@ -50,6 +52,14 @@ def job(job_id: str) -> str:
 
 def job_done(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:done"
+
+
+def node_addresses(node: str) -> str:
+    return f"{PREFIX}node:{node}:addresses"
+
+
+def node_sandboxes(node: str) -> str:
+    return f"{PREFIX}node:{node}:sandboxes"
 
 
 def worker(name: str) -> str:

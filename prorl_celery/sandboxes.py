@@ -1,0 +1,59 @@
+"""Redis-backed sandbox bookkeeping shared by every worker process of a node.
+
+``RedisAddressAllocator`` and ``RedisSandboxLedger`` implement the protocols of
+:mod:`singularity.runtime` (``AddressAllocator``, ``SandboxLedger``), so the runtimes stay free
+of Redis while the workers on a node share one view of its loopback leases and its sandboxes.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+import redis
+
+from singularity.runtime import AddressExhausted, SandboxRecord
+
+from . import keys
+from .store import load_script
+
+DEFAULT_NETWORK = "127.100.0.0/16"
+
+
+class RedisAddressAllocator:
+    """Unique 127.x.y.z leases per node, atomic across threads, processes and workers."""
+
+    def __init__(self, client: redis.Redis, node: str, network: str = DEFAULT_NETWORK) -> None:
+        net = ipaddress.IPv4Network(network)
+        if not net.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
+            raise ValueError(f"{network} is not inside 127.0.0.0/8")
+        self.redis, self.node, self.network = client, node, network
+        self._range = (int(net.network_address) + 1, int(net.broadcast_address) - 1)
+        self._allocate = load_script(client, "allocate_address")
+
+    def allocate(self, owner: str) -> str:
+        address = self._allocate(keys=[keys.node_addresses(self.node)], args=[*self._range, owner])
+        if not address:
+            raise AddressExhausted(f"every address of {self.network} on {self.node} is leased")
+        return address
+
+    def release(self, address: str) -> None:
+        self.redis.hdel(keys.node_addresses(self.node), address)
+
+    def leases(self) -> dict[str, str]:
+        return self.redis.hgetall(keys.node_addresses(self.node))
+
+
+class RedisSandboxLedger:
+    """Which sandboxes run on which node, owned by which worker process."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def record(self, record: SandboxRecord) -> None:
+        self.redis.hset(keys.node_sandboxes(record.node), record.sandbox_id, record.model_dump_json())
+
+    def remove(self, node: str, sandbox_id: str) -> None:
+        self.redis.hdel(keys.node_sandboxes(node), sandbox_id)
+
+    def list(self, node: str) -> list[SandboxRecord]:
+        entries = self.redis.hgetall(keys.node_sandboxes(node))
+        return [SandboxRecord.model_validate_json(entries[k]) for k in sorted(entries)]
