@@ -38,7 +38,6 @@ import math
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from bench._cli import run_benchmark
 from prorl_celery.client import AsyncRolloutClient, JobRequest, new_job_id
 from prorl_celery.dapo import AsyncDAPOCollector, not_all_equal
 from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
@@ -400,21 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(argv[1:])
     plan = parse_args(argv)
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupted)
-    started = time.monotonic()
-    try:
-        result = run(plan)
-    except KeyboardInterrupt:
-        print("\ninterrupted; every process started was stopped", file=sys.stderr)
-        return 130
-    result["duration_s"] = time.monotonic() - started
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(result))
-    print(f"({result['duration_s']:.0f} s; logs in {result['log_dir']})")
-    return 0 if result["targets"]["busy_fraction_ratio"]["ok"] else 1
+    return run_benchmark(lambda: run(plan), report, RESULTS, lambda r: r["targets"]["busy_fraction_ratio"]["ok"])
 
 
 if __name__ == "__main__":

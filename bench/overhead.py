@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,6 +41,7 @@ import httpx
 import redis
 from tqdm import tqdm
 
+from bench._cli import run_benchmark
 from prorl_celery.local import (
     DEFAULT_CONCURRENCY,
     LocalCluster,
@@ -546,22 +545,7 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     plan = parse_args(argv)
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGHUP, interrupted)
-    started = time.monotonic()
-    try:
-        result = run(plan)
-    except KeyboardInterrupt:
-        print("\ninterrupted; every process started was stopped", file=sys.stderr)
-        return 130
-    result["duration_s"] = time.monotonic() - started
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(result))
-    print(f"({result['duration_s']:.0f} s)")
-    return 0 if all(t["ok"] for t in result["targets"].values()) else 1
+    return run_benchmark(lambda: run(plan), report, RESULTS, lambda r: all(t["ok"] for t in r["targets"].values()))
 
 
 if __name__ == "__main__":
