@@ -3,7 +3,7 @@
 The task families themselves (``handlers.math``, ``handlers.noop``, ...) are imported on
 demand by the registry, so importing this package stays cheap.
 """
-from handlers.base import AgentHandler, ChatLLM, EvalResult, Generation, JobContext
+from handlers.base import AgentHandler, ChatLLM, EvalResult, Generation, JobContext, SandboxRequest
 from handlers.registry import (
     UnknownTaskError,
     clear_cache,
@@ -18,6 +18,7 @@ __all__ = [
     "EvalResult",
     "Generation",
     "JobContext",
+    "SandboxRequest",
     "UnknownTaskError",
     "clear_cache",
     "get_handler",

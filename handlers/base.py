@@ -72,11 +72,24 @@ class JobContext:
     init_result: dict[str, Any] = field(default_factory=dict)
     run_result: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() value at which the job's budget runs out
-    sandbox: Any = None  # the job's sandbox when the handler uses one (see singularity/)
+    #: during INIT and RUN of a job that asked for a sandbox: a connected
+    #: ``singularity.toolserver.client.ToolClient`` (bash, ipython, editor, search)
+    sandbox: Any = None
 
     def time_left(self) -> float | None:
         """Seconds of budget left, or None when the job has no budget."""
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """The sandbox a job needs; INIT starts it on its node, it is closed right after RUN."""
+
+    image: str = "dev"
+    network: bool = False
+    memory_bytes: int | None = 4 * 2**30
+    max_processes: int | None = 512
+    cpu_seconds: int | None = None
 
 
 @dataclass
@@ -100,6 +113,10 @@ class AgentHandler:
     node_local: ClassVar[bool] = False
     #: False for handlers whose RUN needs no LLM backend (``run`` then receives ``llm=None``).
     uses_llm: ClassVar[bool] = True
+
+    def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
+        """The sandbox this job needs, or None. A job with a sandbox runs RUN on INIT's node."""
+        return None
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Raise ValueError with a clear message when an instance cannot be served.

@@ -23,6 +23,7 @@ from .llm.backends import make_backend
 from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
+from .sandboxing import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
 
@@ -39,6 +40,8 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
                                                            "worker_pid": os.getpid()})
         if not claim.ok:
             log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
+            if stage is Stage.RUN and claim.previous and claim.previous.terminal:
+                _close_abandoned_sandbox(services, job_id)
             return
         services.leases.hold(job_id)
         try:
@@ -49,6 +52,13 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
             services.leases.release(job_id)
     finally:
         services.cancel_watcher.unwatch(job_id, cancelled)
+
+
+def _close_abandoned_sandbox(services: Services, job_id: str) -> None:
+    """A job cancelled while waiting for RUN left its sandbox on this node: stop it."""
+    sandbox = services.store.load(job_id).get("sandbox")
+    if sandbox:
+        run_coro(_close_sandbox(services, sandbox))
 
 
 def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:
@@ -103,24 +113,45 @@ def _handler_extras(handler: AgentHandler, job: JobContext) -> dict[str, Any]:
 async def _init(services: Services, handler: AgentHandler, job: JobContext, record: dict,
                 cancelled: asyncio.Event) -> None:
     store = services.store
+    sandbox: dict[str, str] | None = None
     try:
-        job.init_result = await bounded(job, cancelled, handler.init(job))
+        request = handler.sandbox_request(job)
+        if request is not None:
+            sandbox = await bounded(job, cancelled, services.sandboxes.start(job.job_id, request))
+            store.update(job.job_id, {"sandbox": sandbox})
+        async with tool_client(sandbox) as job.sandbox:
+            job.init_result = await bounded(job, cancelled, handler.init(job))
     except JobCancelled:
+        await _close_sandbox(services, sandbox)
         return
     except StageTimeout as error:
+        await _close_sandbox(services, sandbox)
         store.finish(job.job_id, JobStatus.TIMEOUT, {"critical_error": "timeout", "error": str(error),
                                                      "extra": _handler_extras(handler, job)})
         return
     except Exception as error:  # noqa: BLE001 - any handler failure becomes a fallback result
         log.warning("INIT of job %s failed: %s", job.job_id, describe(error))
+        await _close_sandbox(services, sandbox)
         job.init_result = await _fallback(handler.init_exception(job, error), {"error": describe(error)})
         store.finish(job.job_id, JobStatus.FAILED, {
             "critical_error": "init", "error": describe(error), "init_result": job.init_result,
             "extra": _handler_extras(handler, job)})
         return
-    queue = node_queue(Stage.RUN, services.settings.node) if handler.node_local else None
+    # a sandbox lives on this node: its RUN must run here too
+    local = handler.node_local or sandbox is not None
+    queue = node_queue(Stage.RUN, services.settings.node) if local else None
     if store.hand_over(job.job_id, Stage.INIT, {"init_result": job.init_result}).ok:
         enqueue(Stage.RUN, job.job_id, queue=queue)
+    else:  # cancelled meanwhile: nobody will run it
+        await _close_sandbox(services, sandbox)
+
+
+async def _close_sandbox(services: Services, sandbox: dict[str, str] | None) -> None:
+    if sandbox is not None:
+        try:
+            await services.sandboxes.stop(sandbox)
+        except Exception:  # noqa: BLE001 - the reaper retries; the job must still end
+            log.exception("cannot stop sandbox %s", sandbox.get("id"))
 
 
 # -- RUN -----------------------------------------------------------------------------------------
@@ -159,7 +190,8 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
                                       "generation": assignment.generation})
             session = open_session(services, job, assignment)
-        job.run_result = await bounded(job, cancelled, handler.run(job, session))
+        async with tool_client(record.get("sandbox")) as job.sandbox:
+            job.run_result = await bounded(job, cancelled, handler.run(job, session))
     except JobCancelled:
         return
     except StageTimeout as error:
@@ -176,6 +208,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     finally:
         if assignment is not None:
             services.pool.release(assignment.address)
+        await _close_sandbox(services, record.get("sandbox"))  # closed right after RUN, before EVAL
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **outcome}
     if store.hand_over(job.job_id, Stage.RUN, fields).ok:
         enqueue(Stage.EVAL, job.job_id)

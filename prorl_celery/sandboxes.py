@@ -54,6 +54,10 @@ class RedisSandboxLedger:
     def remove(self, node: str, sandbox_id: str) -> None:
         self.redis.hdel(keys.node_sandboxes(node), sandbox_id)
 
+    def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
+        entry = self.redis.hget(keys.node_sandboxes(node), sandbox_id)
+        return SandboxRecord.model_validate_json(entry) if entry else None
+
     def list(self, node: str) -> list[SandboxRecord]:
         entries = self.redis.hgetall(keys.node_sandboxes(node))
         return [SandboxRecord.model_validate_json(entries[k]) for k in sorted(entries)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from functools import cached_property
 
 import redis
@@ -16,6 +17,9 @@ from .leases import LeaseKeeper
 from .llm.pool import BackendPool
 from .settings import Settings, get_settings
 from .store import JobStore
+
+if TYPE_CHECKING:
+    from .sandboxing import JobSandboxes
 
 
 @dataclass
@@ -37,6 +41,12 @@ class Services:
     @cached_property
     def cancel_watcher(self) -> CancelWatcher:
         return CancelWatcher(self.redis)
+
+    @cached_property
+    def sandboxes(self) -> "JobSandboxes":
+        from .sandboxing import JobSandboxes  # the sandbox stack is only loaded by workers that use it
+        return JobSandboxes(self.redis, node=self.settings.node, runtime=self.settings.runtime,
+                            root=self.settings.sandbox_dir)
 
     @cached_property
     def leases(self) -> LeaseKeeper:

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
 
     task_events: bool = Field(False, description="workers send Celery task events (Flower) from start")
 
+    runtime: str = Field("auto", description="sandbox runtime: auto | bubblewrap | apptainer | process")
+    sandbox_dir: str = Field("/tmp/prorl-sandboxes", description="sandbox state and job workspaces")
+
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 

@@ -21,7 +21,8 @@ from .status import ALLOWED_FROM, JobStatus, Stage
 
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
-    {"instance", "sampling_params", "init_result", "run_result", "eval", "trajectory", "extra", "error"}
+    {"instance", "sampling_params", "init_result", "run_result", "eval", "trajectory", "extra", "error",
+     "sandbox"}
 )
 FLOAT_FIELDS = frozenset(
     {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}

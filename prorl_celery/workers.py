@@ -25,6 +25,7 @@ _stop = threading.Event()
 def add_node_queue(sender: str, instance, **_: object) -> None:
     """A RUN worker also consumes ``run.<node>``, so plain ``-Q run`` serves node-local jobs."""
     load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
+    _reap_sandboxes()
     queues = instance.app.amqp.queues
     if Stage.RUN.value in queues.consume_from:
         name = node_queue(Stage.RUN, get_services().settings.node)
@@ -57,6 +58,14 @@ def stop_heartbeat(**_: object) -> None:
 
 
 _worker_name: dict[str, str] = {}
+
+
+def _reap_sandboxes() -> None:
+    """Sandboxes left on this node by a worker that died are stopped when workers start."""
+    try:
+        get_services().sandboxes.reap_dead_owners()
+    except Exception as error:  # noqa: BLE001 - a worker must start even if reaping fails
+        log.warning("cannot reap sandboxes of dead workers: %s", error)
 
 
 def _preload_tokenizer(path: str) -> None:

@@ -1,6 +1,7 @@
 """The rollout service end to end: real gunicorn, Celery workers, Redis and LLM servers."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -190,6 +191,7 @@ def test_no_backend_fails_clearly_after_budget(gateway):
     ({"instance": {"data_source": "math", "problem": "1+1", "answer": "2"}, "surprise": 1}, "surprise"),
     ({"instance": {"data_source": "math"}}, "instance"),
     ({"instance": {"data_source": "fault"}, "job_id": "bad id with spaces"}, "job_id"),
+    ({"instance": {"data_source": "math", "problem": "1+1", "answer": "2", "tools": ["shell"]}}, "tools"),
 ])
 def test_bad_requests_name_the_field(gateway, body, field):
     response = gateway.post("/process", json=body)
@@ -263,3 +265,16 @@ def test_killed_worker_ends_the_job_instead_of_leaving_it_running(gateway):
     assert "worker lost during run" in result["error"]
     cluster.wait_for_workers()
     assert gateway.process({"data_source": "fault"})["status"] == "completed"
+
+
+def test_math_agent_runs_python_in_a_sandbox_closed_after_run(gateway, backend):
+    result = gateway.process(math("PYTOOL: what is 6 times 7?", "42", tools=["python"], max_iterations=3))
+    assert (result["status"], result["reward"]) == ("completed", 1.0), result["error"]
+    tool_messages = [m for m in result["messages"] if m["role"] == "tool"]
+    assert len(tool_messages) == 1 and tool_messages[0]["content"].strip() == "42"
+    assert result["trajectory"]["num_turns"] == 2 and result["trajectory"]["tools"][0]["function"]["name"] == "python"
+    state = redis.Redis.from_url(gateway.cluster.state_url, decode_responses=True)
+    sandbox = json.loads(state.hget(keys.job(result["job_id"]), "sandbox"))
+    assert state.hlen(keys.node_sandboxes(sandbox["node"])) == 0  # stopped right after RUN
+    assert state.hlen(keys.node_addresses(sandbox["node"])) == 0
+    assert not os.path.exists(sandbox["workspace"]) and not os.path.exists(sandbox["socket_path"])

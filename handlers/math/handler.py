@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext
+from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
+from handlers.math import python_tool
+from handlers.math.python_tool import PYTHON_TOOL
+from handlers.tools import parse_tool_calls
 from handlers.math.grading import extract_boxed, is_equivalent
 from handlers.math.instances import normalize_instance, validate_instance
 
@@ -30,10 +33,15 @@ class MathHandler(AgentHandler):
     node_local: ClassVar[bool] = False
     #: Below this many tokens of context left, another turn could not hold a useful answer.
     min_context_tokens: ClassVar[int] = 64
+    #: time one python tool call may take inside the sandbox
+    tool_timeout_s: ClassVar[float] = 30.0
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Raise ValueError naming the missing or wrong field (the gateway returns 400)."""
         validate_instance(instance)
+        tools = instance.get("tools")
+        if tools is not None and (not isinstance(tools, list) or set(tools) - {"python"}):
+            raise ValueError("'tools' must be a list of known tools: [\"python\"]")
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         """Return ``{"messages", "ground_truth", "max_iterations", "metadata"}``."""
@@ -54,17 +62,19 @@ class MathHandler(AgentHandler):
         job's budget ran out between turns).
         """
         setup = job.init_result if "messages" in job.init_result else await self.init(job)
-        llm.start(setup["messages"])
+        use_python = job.sandbox is not None
+        llm.start(setup["messages"], tools=[PYTHON_TOOL] if use_python else None)
         max_iterations = int(setup.get("max_iterations", 1))
         answer: str | None = None
-        iterations = 0
+        iterations = tool_calls = 0
+        observed = False  # the last turn called tools: the model continues from their output
         finish_reason = "max_iterations"
         while iterations < max_iterations:
             stop = self._stop_reason(job, llm)
             if stop is not None:
                 finish_reason = stop
                 break
-            if iterations > 0:
+            if iterations > 0 and not observed:
                 llm.add_message("user", FOLLOW_UP)
             generation = await llm.generate()
             iterations += 1
@@ -72,7 +82,17 @@ class MathHandler(AgentHandler):
             if answer is not None:
                 finish_reason = "answer"
                 break
-        return {"answer": answer, "iterations": iterations, "finish_reason": finish_reason}
+            calls = parse_tool_calls(generation.text) if use_python else []
+            for call in calls:
+                llm.add_message("tool", await python_tool.execute(job.sandbox, call, self.tool_timeout_s))
+            tool_calls += len(calls)
+            observed = bool(calls)
+        return {"answer": answer, "iterations": iterations, "finish_reason": finish_reason,
+                "tool_calls": tool_calls}
+
+    def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
+        """Jobs with ``"tools": ["python"]`` get a sandbox whose IPython runs the agent's code."""
+        return SandboxRequest() if python_tool.wants_python(job.instance) else None
 
     def _stop_reason(self, job: JobContext, llm: ChatLLM) -> str | None:
         """Why no further turn should start, checked before each one."""

@@ -31,7 +31,14 @@ from .errors import (
     SandboxStopError,
 )
 from .layout import DEV_IMAGE
-from .ledger import FileSandboxLedger, ReapReport, SandboxLedger, SandboxRecord, reap_dead_owners
+from .ledger import (
+    FileSandboxLedger,
+    ReapReport,
+    SandboxLedger,
+    SandboxRecord,
+    reap_dead_owners,
+    stop_recorded,
+)
 from .process import ProcessRuntime
 from .procfs import ProcessRef
 
@@ -57,7 +64,7 @@ def make_runtime(name: str, **options: Any) -> Runtime:
 __all__ = [
     "AddressAllocator", "AddressExhausted", "ApptainerRuntime", "Availability", "Bind",
     "BubblewrapRuntime", "DEV_IMAGE", "FileAddressAllocator", "FileSandboxLedger", "InvalidSpec",
-    "Limits", "MemoryAddressAllocator", "ProcessRef", "ProcessRuntime", "RUNTIMES", "ReapReport",
+    "Limits", "MemoryAddressAllocator", "ProcessRef", "ProcessRuntime", "RUNTIMES", "ReapReport", "stop_recorded",
     "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxLedger", "SandboxRecord",
     "SandboxSpec", "SandboxStartError", "SandboxStartTimeout", "SandboxStopError", "make_runtime",
     "reap_dead_owners",

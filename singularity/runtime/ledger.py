@@ -95,28 +95,29 @@ class ReapReport(BaseModel):
     left: list[int]  # pids still running after SIGKILL (should be empty)
 
 
-def reap_dead_owners(ledger: SandboxLedger, node: str, *, allocator: AddressAllocator | None = None,
-                     grace_s: float = 2.0,
-                     owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive) -> list[ReapReport]:
-    """Stop every sandbox of ``node`` whose owner process is dead; return what was done.
+def stop_recorded(ledger: SandboxLedger, record: SandboxRecord, *,
+                  allocator: AddressAllocator | None = None, grace_s: float = 2.0) -> ReapReport:
+    """Stop a sandbox from its ledger entry, from any process of its node.
 
-    An entry is removed (and its address released) only when /proc shows none of its
-    processes left, so a failed reap is retried by the next worker that starts.
+    The entry is removed (and its address released) only when /proc shows none of its
+    processes left, so a failed stop is retried by the next reap.
     """
-    reports = []
-    for record in ledger.list(node):
-        if owner_alive(record.owner):
-            continue
-        running = procfs.members(record.root, record.pidns, record.refs)
-        left = procfs.terminate(record.root, record.pidns, record.refs, grace_s) if running else []
-        reports.append(ReapReport(sandbox_id=record.sandbox_id, job_id=record.job_id,
-                                  worker=record.worker, killed=[i.pid for i in running],
-                                  left=[i.pid for i in left]))
-        if left:
-            continue
+    running = procfs.members(record.root, record.pidns, record.refs)
+    left = procfs.terminate(record.root, record.pidns, record.refs, grace_s) if running else []
+    report = ReapReport(sandbox_id=record.sandbox_id, job_id=record.job_id, worker=record.worker,
+                        killed=[i.pid for i in running], left=[i.pid for i in left])
+    if not left:
         if allocator is not None and record.address:
             allocator.release(record.address)
         if record.state_dir:
             shutil.rmtree(record.state_dir, ignore_errors=True)
-        ledger.remove(node, record.sandbox_id)
-    return reports
+        ledger.remove(record.node, record.sandbox_id)
+    return report
+
+
+def reap_dead_owners(ledger: SandboxLedger, node: str, *, allocator: AddressAllocator | None = None,
+                     grace_s: float = 2.0,
+                     owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive) -> list[ReapReport]:
+    """Stop every sandbox of ``node`` whose owner process is dead; return what was done."""
+    return [stop_recorded(ledger, record, allocator=allocator, grace_s=grace_s)
+            for record in ledger.list(node) if not owner_alive(record.owner)]

@@ -1,0 +1,94 @@
+"""Job sandboxes: started by INIT, used by RUN on the same node, stopped right after RUN.
+
+INIT and RUN run in different worker processes of one node, so a sandbox is handed over
+through its ledger entry (Redis): RUN connects to the tool server's Unix socket and stops the
+sandbox from the entry's process identities. A worker starting on a node reaps the sandboxes
+of dead owners there.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from handlers import SandboxRequest
+from singularity.runtime import (
+    Limits,
+    Runtime,
+    SandboxSpec,
+    make_runtime,
+    reap_dead_owners,
+    stop_recorded,
+)
+from singularity.toolserver.client import ToolClient
+
+from .sandboxes import RedisAddressAllocator, RedisSandboxLedger
+
+log = logging.getLogger(__name__)
+
+
+class JobSandboxes:
+    """One per worker process; the runtime is created on first use."""
+
+    def __init__(self, redis_client: Any, *, node: str, runtime: str, root: str) -> None:
+        self.node, self.runtime_name, self.root = node, runtime, Path(root)
+        self.allocator = RedisAddressAllocator(redis_client, node)
+        self.ledger = RedisSandboxLedger(redis_client)
+        self._runtime: Runtime | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            options = dict(state_dir=self.root / "state", allocator=self.allocator, ledger=self.ledger,
+                           node=self.node, worker=f"{self.node}:{os.getpid()}")
+            name = self.runtime_name
+            if name == "auto":
+                name = "bubblewrap" if shutil.which("bwrap") else "process"
+            self._runtime = make_runtime(name, **options)
+        return self._runtime
+
+    async def start(self, job_id: str, request: SandboxRequest) -> dict[str, str]:
+        """Start the job's sandbox; returns what RUN needs to find and stop it."""
+        workspace = self.root / "workspaces" / job_id
+        workspace.mkdir(parents=True, exist_ok=True)
+        limits = Limits(memory_bytes=request.memory_bytes, max_processes=request.max_processes,
+                        cpu_seconds=request.cpu_seconds)
+        spec = SandboxSpec(image=request.image, workspace=str(workspace), network=request.network,
+                           limits=limits, job_id=job_id)
+        sandbox = await self.runtime.start(spec)
+        return {"id": sandbox.id, "node": self.node, "socket_path": str(sandbox.socket_path),
+                "workspace": str(workspace)}
+
+    async def stop(self, sandbox: dict[str, str] | None) -> None:
+        """Stop a job's sandbox from any worker process of its node (no error if gone)."""
+        if not sandbox:
+            return
+        record = self.ledger.get(sandbox["node"], sandbox["id"])
+        if record is not None:
+            report = await asyncio.to_thread(stop_recorded, self.ledger, record, allocator=self.allocator)
+            if report.left:
+                log.error("sandbox %s: pids %s survived SIGKILL", sandbox["id"], report.left)
+        shutil.rmtree(sandbox["workspace"], ignore_errors=True)
+
+    def reap_dead_owners(self) -> int:
+        """Stop the sandboxes on this node whose worker process died; returns how many."""
+        reports = reap_dead_owners(self.ledger, self.node, allocator=self.allocator)
+        for report in reports:
+            log.warning("reaped sandbox %s of job %s (owner %s gone)", report.sandbox_id, report.job_id,
+                        report.worker)
+        return len(reports)
+
+
+@asynccontextmanager
+async def tool_client(sandbox: dict[str, str] | None) -> AsyncIterator[ToolClient | None]:
+    """A connected client of the sandbox's tool server, or None for a job without one."""
+    if sandbox is None:
+        yield None
+        return
+    async with ToolClient(sandbox["socket_path"]) as client:
+        yield client
