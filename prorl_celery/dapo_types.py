@@ -1,0 +1,153 @@
+"""The DAPO collector's data: configuration, rollouts, groups, batches and per-step statistics.
+
+See :mod:`prorl_celery.dapo` for how they are produced.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .errors import ProrlError
+
+FailurePolicy = Literal["zero", "drop", "retry"]
+#: cumulative backend busy time, in seconds per unit of capacity (a float, or awaitable)
+BusyProbe = Callable[[], "float | Awaitable[float]"]
+
+
+def not_all_equal(rewards: Sequence[float]) -> bool:
+    """The default filter: a group is informative unless every reward is the same."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+class PromptsExhausted(Exception):
+    """The prompt stream ended and nothing is left in flight."""
+
+
+class RolloutsFailing(ProrlError):
+    """Too many rollouts in a row ended without completing: the service or a backend is broken."""
+
+    code = "rollouts_failing"
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    group_size: int
+    batch_groups: int
+    #: rollouts kept running in the service (default 2 * B * n)
+    max_in_flight: int | None = None
+    group_filter: Callable[[Sequence[float]], bool] = not_all_equal
+    on_failed: FailurePolicy = "drop"
+    on_timeout: FailurePolicy = "zero"
+    max_retries: int = 2
+    carry_over: bool = True
+    #: a rollout lands in a batch at most this many steps after the step it was submitted in
+    max_staleness: int = 1
+    carry_min_done: float = 0.5
+    max_carry_groups: int | None = None
+    #: a step returns what it has (fewer than B groups) after this long
+    step_timeout_s: float | None = None
+    #: raise RolloutsFailing after this many rollouts in a row did not complete (default 2 N)
+    max_failures_in_row: int | None = None
+    #: the default request: instance + these (see AsyncDAPOCollector.make_request)
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    task: str | None = None
+    timeout_s: float | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self.max_in_flight or 2 * self.batch_groups * self.group_size
+
+    @property
+    def failure_limit(self) -> int:
+        return self.max_failures_in_row or 2 * self.in_flight
+
+
+@dataclass
+class Rollout:
+    job_id: str
+    group_key: int
+    index: int
+    #: step the rollout was submitted in
+    step: int
+    status: str | None = None
+    #: reward used for the group (0.0 for a timeout under "zero")
+    reward: float | None = None
+    generation: int | None = None
+    #: step of the batch the rollout's group was returned in
+    batch_step: int | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def carried_over(self) -> bool:
+        """Submitted in an earlier step than the batch it is returned in."""
+        return self.batch_step is not None and self.batch_step > self.step
+
+
+@dataclass
+class Group:
+    key: int
+    prompt_id: str
+    instance: dict[str, Any]
+    size: int
+    first_step: int
+    rollouts: dict[int, Rollout] = field(default_factory=dict)
+    retries: int = 0
+
+    @property
+    def finished(self) -> list[Rollout]:
+        return [r for r in self.rollouts.values() if r.reward is not None]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in sorted(self.finished, key=lambda r: r.index)]  # type: ignore[misc]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.finished) == self.size
+
+    @property
+    def ordered(self) -> list[Rollout]:
+        return [self.rollouts[i] for i in sorted(self.rollouts)]
+
+
+@dataclass
+class StepStats:
+    step: int
+    submitted: int = 0
+    #: results received (any status)
+    completed: int = 0
+    #: rollouts the service confirmed cancelled at the end of the step (or with a dropped group)
+    cancelled: int = 0
+    #: complete groups dropped by the filter
+    filtered: int = 0
+    #: groups dropped for failed rollouts (on_failed/on_timeout "drop", retries spent, rejected)
+    failed_groups: int = 0
+    retried: int = 0
+    #: complete informative groups dropped for exceeding max_staleness
+    stale: int = 0
+    #: results of groups already dropped, or of jobs ended before their cancel arrived
+    discarded: int = 0
+    #: rollouts from earlier steps still in flight (or unread) when this step began
+    carried_in: int = 0
+    #: rollouts left running into the next step, and their groups
+    carried_over: int = 0
+    carried_groups: int = 0
+    informative: int = 0
+    wall_s: float = 0.0
+    busy_fraction: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Batch:
+    step: int
+    groups: list[Group]
+    stats: StepStats
+    cancelled_job_ids: list[str] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.ordered]
