@@ -6,10 +6,16 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 from prorl_celery import keys
 from prorl_celery.connection import get_redis
+from prorl_celery.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
 from prorl_celery.services import Services, get_services
 from prorl_celery.status import Stage
 
@@ -73,6 +79,22 @@ class RedisStateCollector:
         workers = GaugeMetricFamily("prorl_workers", "workers seen in the last 30 s")
         workers.add_metric([], len(state["workers"]))
         yield from (queued, active, jobs, assigned, inflight, workers)
+        yield from cluster_metrics(get_services())
+
+
+def cluster_metrics(services: Services):
+    """Counters and stage-duration histograms the workers flush to Redis."""
+    counters, histograms = read_metrics(services.redis, [stage.value for stage in Stage])
+    for name, help_text in COUNTERS.items():
+        family = CounterMetricFamily(f"prorl_{name}", help_text)
+        family.add_metric([], counters[name])
+        yield family
+    durations = HistogramMetricFamily("prorl_stage_duration_seconds", "time a stage executed",
+                                      labels=["stage"])
+    for stage, histogram in histograms.items():
+        buckets = [(bucket_label(b), histogram.get(bucket_label(b), 0.0)) for b in STAGE_BUCKETS]
+        durations.add_metric([stage], buckets, histogram.get("sum", 0.0))
+    yield durations
 
 
 _registry = CollectorRegistry()

@@ -21,6 +21,8 @@ prorl:llm:generation               string  bumped by /clear_llm_server
 prorl:reaper:lock                  string  owner of the lease reaper (expires, so a dead owner lapses)
 prorl:node:<node>:addresses        hash    loopback address -> sandbox that leases it
 prorl:node:<node>:sandboxes        hash    sandbox id -> ledger record (JSON): job, worker, pids
+prorl:metrics:counters             hash    counter name -> total (tokens, LLM requests, lease expiries)
+prorl:metrics:stage:<stage>        hash    duration histogram: bucket bound -> count, "sum"
 prorl:workers                      zset    worker name -> last heartbeat (unix time)
 prorl:worker:<name>                hash    worker's node, queues, pid, concurrency
 prorl:cancel                       pubsub  job ids being cancelled (a wake-up; the job record
@@ -43,6 +45,7 @@ LLM_INFLIGHT = PREFIX + "llm:inflight"
 LLM_GENERATION = PREFIX + "llm:generation"
 WORKERS = PREFIX + "workers"
 REAPER_LOCK = PREFIX + "reaper:lock"
+METRIC_COUNTERS = PREFIX + "metrics:counters"
 CANCEL_CHANNEL = PREFIX + "cancel"
 
 
@@ -60,6 +63,10 @@ def node_addresses(node: str) -> str:
 
 def node_sandboxes(node: str) -> str:
     return f"{PREFIX}node:{node}:sandboxes"
+
+
+def stage_histogram(stage: str) -> str:
+    return f"{PREFIX}metrics:stage:{stage}"
 
 
 def worker(name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import redis
 
@@ -93,8 +94,9 @@ def reap_expired(store: JobStore, lease_s: float) -> list[str]:
 class Reaper:
     """Runs ``reap_expired`` every ``interval_s`` in one process of the cluster at a time."""
 
-    def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float) -> None:
-        self.store, self.owner = store, owner
+    def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float,
+                 on_reaped: Callable[[list[str]], None] = lambda job_ids: None) -> None:
+        self.store, self.owner, self.on_reaped = store, owner, on_reaped
         self.lease_s, self.interval_s = lease_s, interval_s
         self._stop = threading.Event()
 
@@ -111,6 +113,8 @@ class Reaper:
                 if self.store.redis.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s) or \
                         self.store.redis.get(keys.REAPER_LOCK) == self.owner:
                     self.store.redis.expire(keys.REAPER_LOCK, lock_s)
-                    reap_expired(self.store, self.lease_s)
+                    reaped = reap_expired(self.store, self.lease_s)
+                    if reaped:
+                        self.on_reaped(reaped)
             except redis.RedisError as error:
                 log.warning("reaper: %s", error)

@@ -44,12 +44,14 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
                 _close_abandoned_sandbox(services, job_id)
             return
         services.leases.hold(job_id)
+        started = time.monotonic()
         try:
-            job = job_context(claim.record, deadline=time.monotonic() + claim.budget_left_s)
+            job = job_context(claim.record, deadline=started + claim.budget_left_s)
             handler = get_handler(claim.record["task"])
             run_coro(_STAGES[stage](services, handler, job, claim.record, cancelled))
         finally:
             services.leases.release(job_id)
+            services.metrics.observe_stage(stage.value, time.monotonic() - started)
     finally:
         services.cancel_watcher.unwatch(job_id, cancelled)
 
@@ -209,9 +211,18 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
         if assignment is not None:
             services.pool.release(assignment.address)
         await _close_sandbox(services, record.get("sandbox"))  # closed right after RUN, before EVAL
+    if session is not None:
+        _count_tokens(services, session)
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **outcome}
     if store.hand_over(job.job_id, Stage.RUN, fields).ok:
         enqueue(Stage.EVAL, job.job_id)
+
+
+def _count_tokens(services: Services, session: TokenSession) -> None:
+    generated = sum(session.response_mask)
+    services.metrics.count("tokens_generated", generated)
+    services.metrics.count("tokens_observed", len(session.response_mask) - generated)
+    services.metrics.count("llm_requests", session.num_turns)
 
 
 # -- EVAL ----------------------------------------------------------------------------------------

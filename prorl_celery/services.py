@@ -15,6 +15,7 @@ from .cancellation import CancelWatcher
 from .connection import get_redis, reset_clients
 from .leases import LeaseKeeper
 from .llm.pool import BackendPool
+from .metrics import MetricsBuffer
 from .settings import Settings, get_settings
 from .store import JobStore
 
@@ -47,6 +48,10 @@ class Services:
         from .sandboxing import JobSandboxes  # the sandbox stack is only loaded by workers that use it
         return JobSandboxes(self.redis, node=self.settings.node, runtime=self.settings.runtime,
                             root=self.settings.sandbox_dir)
+
+    @cached_property
+    def metrics(self) -> MetricsBuffer:
+        return MetricsBuffer(self.redis)
 
     @cached_property
     def leases(self) -> LeaseKeeper:

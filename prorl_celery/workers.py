@@ -44,7 +44,8 @@ def start_heartbeat(sender, **_: object) -> None:
     thread.start()
     services = get_services()
     Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
-           interval_s=services.settings.reaper_interval_s).start()
+           interval_s=services.settings.reaper_interval_s,
+           on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids))).start()
 
 
 @worker_shutdown.connect

@@ -43,6 +43,13 @@ def test_correct_and_wrong_answers(gateway, backend):
     assert served["prompt_ids"] == trajectory["prompt_ids"] and served["output_ids"] == trajectory["response_ids"]
     assert set(right["timing"]) == {"init_s", "run_s", "eval_s", "active_s", "queued_s"}
 
+    generated = sum(right["trajectory"]["response_mask"]) + sum(wrong["trajectory"]["response_mask"])
+
+    def counted() -> float:  # RUN workers flush their counters every 2 s
+        lines = [x for x in gateway.get("/metrics").text.splitlines() if x.startswith("prorl_tokens_generated_total")]
+        return float(lines[0].split()[-1]) if lines else 0.0
+    eventually(lambda: counted() >= generated, 10, "tokens_generated counter")
+
 
 def test_multi_turn_job_appends_only_new_tokens(gateway, backend):
     result = gateway.process(math("MULTI: what is 10 - 4?", "6", max_iterations=4))
@@ -227,6 +234,12 @@ def test_status_metrics_and_openapi(gateway):
     assert status["jobs"]["completed"] == 1
     metrics = gateway.get("/metrics").text
     assert 'prorl_jobs{status="completed"} 1.0' in metrics
+
+    def stage_count(stage: str) -> float:  # workers flush their histograms every 2 s
+        line = f'prorl_stage_duration_seconds_count{{stage="{stage}"}}'
+        found = [x for x in gateway.get("/metrics").text.splitlines() if x.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+    eventually(lambda: all(stage_count(s) >= 1 for s in ("init", "run", "eval")), 10, "stage histograms")
     spec = gateway.get("/openapi.json").json()
     assert "/process" in spec["paths"] and "ProcessRequest" in spec["components"]["schemas"]
     assert httpx.get(gateway.cluster.gateway_url + "/healthz").json() == {"ok": True}

@@ -1,0 +1,96 @@
+"""Cluster-wide counters and stage-duration histograms, kept in Redis for ``/metrics``.
+
+Workers buffer observations in memory and flush them every ``FLUSH_S`` from a background
+thread, so a stage pays no Redis round trip for its metrics; every gateway process reads the
+same totals on each scrape.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, defaultdict
+
+import redis
+
+from . import keys
+
+log = logging.getLogger(__name__)
+FLUSH_S = 2.0
+#: upper bounds (s) of the stage-duration histogram buckets, Prometheus style (cumulative)
+STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, float("inf"))
+COUNTERS = {
+    "tokens_generated": "model tokens returned by LLM backends",
+    "tokens_observed": "observation tokens appended to trajectories",
+    "llm_requests": "generation requests sent to LLM backends",
+    "lease_expiries": "stages ended because their worker was lost",
+}
+
+
+def bucket_label(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class MetricsBuffer:
+    """Per-process buffer of observations, flushed to Redis in the background."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._counters: Counter[str] = Counter()
+        self._stages: dict[str, Counter[str]] = defaultdict(Counter)
+        self._sums: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def count(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counters[name] += amount
+        self._ensure_flushing()
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            for bound in STAGE_BUCKETS:
+                if seconds <= bound:
+                    self._stages[stage][bucket_label(bound)] += 1
+            self._sums[stage] += seconds
+        self._ensure_flushing()
+
+    def flush(self) -> None:
+        with self._lock:
+            counters, stages, sums = self._counters, self._stages, self._sums
+            self._counters, self._stages, self._sums = Counter(), defaultdict(Counter), Counter()
+        if not (counters or stages):
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for name, amount in counters.items():
+            pipe.hincrby(keys.METRIC_COUNTERS, name, amount)
+        for stage, buckets in stages.items():
+            for label, amount in buckets.items():
+                pipe.hincrby(keys.stage_histogram(stage), label, amount)
+            pipe.hincrbyfloat(keys.stage_histogram(stage), "sum", sums[stage])
+        pipe.execute()
+
+    def _ensure_flushing(self) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name="prorl-metrics", daemon=True)
+                    self._thread.start()
+
+    def _loop(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(FLUSH_S):
+            try:
+                self.flush()
+            except redis.RedisError as error:
+                log.warning("metrics flush failed: %s", error)
+
+
+def read_metrics(client: redis.Redis, stages: list[str]) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
+    """(counters, histograms by stage) as stored; histograms map bucket labels and 'sum'."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.METRIC_COUNTERS)
+    for stage in stages:
+        pipe.hgetall(keys.stage_histogram(stage))
+    counters, *histograms = pipe.execute()
+    return ({name: int(counters.get(name, 0)) for name in COUNTERS},
+            {stage: {k: float(v) for k, v in h.items()} for stage, h in zip(stages, histograms)})
