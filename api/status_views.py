@@ -1,7 +1,6 @@
 """Observability endpoints: ``/status``, ``/healthz``, ``/metrics``, ``/openapi.json``."""
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
@@ -16,25 +15,18 @@ from prometheus_client.core import (
 from prorl_celery import keys
 from prorl_celery.connection import get_redis
 from prorl_celery.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
+from prorl_celery.nodes import live_workers
 from prorl_celery.services import Services, get_services
 from prorl_celery.status import Stage
 
 from .openapi import openapi_document
 
 bp = Blueprint("status", __name__)
-WORKER_STALE_S = 30.0
-
-
 def service_status(services: Services) -> dict[str, Any]:
     counts = services.store.status_counts()
     broker = get_redis(services.settings.effective_broker_url)
     depth = {stage: broker.llen(keys.broker_queue(stage.value)) for stage in Stage}
-    now = time.time()
-    workers = []
-    for name, seen in services.redis.zrangebyscore(keys.WORKERS, now - WORKER_STALE_S, "+inf", withscores=True):
-        info = services.redis.hgetall(keys.worker(name))
-        workers.append({"name": name, "node": info.get("node"), "queues": (info.get("queues") or "").split(","),
-                        "last_seen_s": round(now - seen, 3)})
+    workers = live_workers(services.redis)
     return {
         "state": "started" if services.store.service_started() else "stopped",
         "stages": {stage.value: {"queued": counts[stage.pending.value], "active": counts[stage.active.value],

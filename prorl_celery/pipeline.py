@@ -23,6 +23,7 @@ from .llm.backends import make_backend
 from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
+from .nodes import has_live_worker
 from .sandboxing import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
@@ -142,6 +143,13 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
     # a sandbox lives on this node: its RUN must run here too
     local = handler.node_local or sandbox is not None
     queue = node_queue(Stage.RUN, services.settings.node) if local else None
+    if queue and not has_live_worker(services.redis, services.settings.node, queue):
+        await _close_sandbox(services, sandbox)  # nobody here would ever run it: fail, do not strand
+        store.finish(job.job_id, JobStatus.FAILED, {
+            "critical_error": "init", "init_result": job.init_result, "extra": _handler_extras(handler, job),
+            "error": f"no live RUN worker on node {services.settings.node} for this node-local job; "
+                     f"start `celery -A prorl_celery worker -Q run` there"})
+        return
     if store.hand_over(job.job_id, Stage.INIT, {"init_result": job.init_result}).ok:
         enqueue(Stage.RUN, job.job_id, queue=queue)
     else:  # cancelled meanwhile: nobody will run it

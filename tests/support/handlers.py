@@ -34,3 +34,10 @@ class FaultHandler(AgentHandler):
 
     async def run_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
         return {"ran": False, "fallback": "run"}
+
+
+class LocalFaultHandler(FaultHandler):
+    """A FaultHandler whose RUN must run on its INIT's node."""
+
+    name = "localfault"
+    node_local = True

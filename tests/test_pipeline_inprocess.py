@@ -1,0 +1,24 @@
+"""Stage functions called in-process (no Celery) on a real Redis: paths a cluster can't stage."""
+from __future__ import annotations
+
+import redis
+
+from handlers import registry
+from prorl_celery.pipeline import execute_stage
+from prorl_celery.services import Services
+from prorl_celery.settings import Settings
+from prorl_celery.status import Stage
+
+
+def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_stranding(redis_url):
+    settings = Settings(redis_url=redis_url + "/7", node="lonely-node",
+                        handlers="localfault=tests.support.handlers:LocalFaultHandler")
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    registry.configure(settings.handlers)
+    services = Services(settings)
+    services.store.create("j1", {"task": "localfault", "instance": {}, "budget_s": 10})
+    execute_stage(Stage.INIT, "j1", services)
+    record = services.store.load("j1")
+    assert (record["status"], record["critical_error"]) == ("failed", "init")
+    assert "no live RUN worker on node lonely-node" in record["error"]
+    assert services.store.wait("j1", 0).terminal
