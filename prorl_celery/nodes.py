@@ -8,6 +8,8 @@ import redis
 
 from . import keys
 
+#: how often a worker writes its heartbeat
+HEARTBEAT_S = 5.0
 #: a worker whose last heartbeat is older than this is taken for dead
 WORKER_STALE_S = 30.0
 

@@ -23,7 +23,7 @@ from .llm.backends import make_backend
 from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
-from .nodes import has_live_worker
+from .nodes import HEARTBEAT_S, has_live_worker
 from .sandboxing import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
@@ -143,7 +143,7 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
     # a sandbox lives on this node: its RUN must run here too
     local = handler.node_local or sandbox is not None
     queue = node_queue(Stage.RUN, services.settings.node) if local else None
-    if queue and not has_live_worker(services.redis, services.settings.node, queue):
+    if queue and not await _run_worker_appears(services, queue):
         await _close_sandbox(services, sandbox)  # nobody here would ever run it: fail, do not strand
         store.finish(job.job_id, JobStatus.FAILED, {
             "critical_error": "init", "init_result": job.init_result, "extra": _handler_extras(handler, job),
@@ -154,6 +154,17 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         enqueue(Stage.RUN, job.job_id, queue=queue)
     else:  # cancelled meanwhile: nobody will run it
         await _close_sandbox(services, sandbox)
+
+
+async def _run_worker_appears(services: Services, queue: str, grace_s: float = 2 * HEARTBEAT_S) -> bool:
+    """Is a RUN worker of this node alive? Waits up to two heartbeats for one to show up, so a
+    missed beat (or a Redis restart) does not fail a job."""
+    deadline = time.monotonic() + grace_s
+    while not has_live_worker(services.redis, services.settings.node, queue):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return True
 
 
 async def _close_sandbox(services: Services, sandbox: dict[str, str] | None) -> None:

@@ -13,11 +13,11 @@ from handlers import load_handlers
 from . import keys
 from .celery_app import node_queue
 from .leases import Reaper
+from .nodes import HEARTBEAT_S
 from .services import get_services
 from .status import Stage
 
 log = logging.getLogger(__name__)
-HEARTBEAT_S = 5.0
 _stop = threading.Event()
 
 
