@@ -100,6 +100,34 @@ def demo(jobs: int, **options) -> None:
         click.echo(run_demo(cluster.gateway_url, jobs))
 
 
+@main.command()
+@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--task", required=True, help="handler name (math, ...)")
+@click.option("--gateway", "gateways", multiple=True, default=["http://127.0.0.1:8080"], show_default=True,
+              help="gateway URL (repeat for several)")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="results JSONL (default: DATA with .results.jsonl)")
+@click.option("--samples", default=1, show_default=True, help="rollouts per row")
+@click.option("--max-tokens", type=int, default=None, help="sampling_params.max_tokens")
+@click.option("--temperature", type=float, default=None, help="sampling_params.temperature")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="per-job budget in seconds")
+@click.option("--run-id", default=None, help="reuse to resume an interrupted submit (printed at start)")
+def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, samples: int,
+           max_tokens: int | None, temperature: float | None, timeout_s: float | None, run_id: str | None) -> None:
+    """Post every row of DATA (JSONL or Parquet) as jobs; write results and print a summary."""
+    import uuid
+    from .client import RolloutClient
+    from .submit import job_requests, submit_file, summary
+    run_id = run_id or uuid.uuid4().hex[:8]
+    sampling = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
+    requests = job_requests(data, task, samples, sampling, timeout_s, run_id)
+    out = out or data.with_suffix(".results.jsonl")
+    click.echo(f"run {run_id}: {len(requests)} jobs of task {task!r} -> {out}", err=True)
+    with RolloutClient(list(gateways)) as client, out.open("w") as sink:
+        results = submit_file(client, requests, sink)
+    click.echo(summary(results))
+
+
 @main.group()
 def tokens() -> None:
     """Token-level trajectory tools."""
