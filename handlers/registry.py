@@ -55,9 +55,10 @@ _configured: dict[str, str] = {}
 
 
 def configure(spec: str) -> None:
-    """Add handlers from ``"name=module:Class,other=pkg.mod:Class"`` (PRORL_HANDLERS).
+    """Set the handlers named by ``"name=module:Class,other=pkg.mod:Class"`` (PRORL_HANDLERS).
 
-    For deployments and tests that load a handler module without installing a distribution.
+    For deployments and tests that load a handler module without installing a distribution;
+    an empty spec removes them again.
     """
     targets = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -65,7 +66,8 @@ def configure(spec: str) -> None:
         if not sep or ":" not in target:
             raise ValueError(f"handler spec {item!r} is not 'name=module:Class'")
         targets[name.strip()] = target.strip()
-    if targets != {k: _configured.get(k) for k in targets}:
+    if targets != _configured:
+        _configured.clear()
         _configured.update(targets)
         clear_cache()
 
