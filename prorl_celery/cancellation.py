@@ -27,6 +27,7 @@ class CancelWatcher:
         self._watched: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def watch(self, job_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         """An event, set on ``loop`` when ``job_id`` is cancelled from now on.
@@ -59,13 +60,17 @@ class CancelWatcher:
                 self._thread = threading.Thread(target=self._listen, name="prorl-cancel", daemon=True)
                 self._thread.start()
 
+    def close(self) -> None:
+        """Stop the listener thread (within one sweep period)."""
+        self._stop.set()
+
     def _listen(self) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
                 pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(keys.CANCEL_CHANNEL)
                 next_sweep = time.monotonic() + self.sweep_s
-                while True:
+                while not self._stop.is_set():
                     message = pubsub.get_message(timeout=self.sweep_s)
                     if message:
                         self._wake(message["data"])
@@ -73,8 +78,9 @@ class CancelWatcher:
                         self._sweep()
                         next_sweep = time.monotonic() + self.sweep_s
             except redis.RedisError as error:
-                log.warning("cancel listener lost Redis (%s); reconnecting", error)
-                time.sleep(1.0)
+                if not self._stop.is_set():
+                    log.warning("cancel listener lost Redis (%s); reconnecting", error)
+                self._stop.wait(1.0)
 
     def _sweep(self) -> None:
         with self._lock:

@@ -32,6 +32,7 @@ class LeaseKeeper:
         self._jobs: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def hold(self, job_id: str) -> None:
         with self._lock:
@@ -51,9 +52,12 @@ class LeaseKeeper:
             held = [keys.job(job_id) for job_id in self._jobs]
         return int(self._renew(keys=held, args=[self.lease_s])) if held else 0
 
+    def close(self) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+
     def _loop(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(self.lease_s / 3):
+        while not self._stop.wait(self.lease_s / 3):
             try:
                 self.renew_now()
             except redis.RedisError as error:

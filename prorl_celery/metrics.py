@@ -40,6 +40,7 @@ class MetricsBuffer:
         self._sums: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def count(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -76,9 +77,12 @@ class MetricsBuffer:
                     self._thread = threading.Thread(target=self._loop, name="prorl-metrics", daemon=True)
                     self._thread.start()
 
+    def close(self) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+
     def _loop(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(FLUSH_S):
+        while not self._stop.wait(FLUSH_S):
             try:
                 self.flush()
             except redis.RedisError as error:

@@ -58,6 +58,15 @@ class Services:
         return LeaseKeeper(self.redis, self.settings.lease_s)
 
 
+    def close(self) -> None:
+        """Stop the background threads this object started (tests, embedding)."""
+        for name in ("cancel_watcher", "metrics", "leases"):
+            if name in self.__dict__:  # only what was ever created
+                getattr(self, name).close()
+        if "metrics" in self.__dict__:
+            self.metrics.flush()
+
+
 _services: Services | None = None
 _pid = 0
 _lock = threading.Lock()

@@ -21,6 +21,7 @@ def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_strand
         execute_stage(Stage.INIT, "j1", services)  # waits two heartbeats (10 s) for a RUN worker
     finally:
         registry.configure("")
+        services.close()
     record = services.store.load("j1")
     assert (record["status"], record["critical_error"]) == ("failed", "init")
     assert "no live RUN worker on node lonely-node" in record["error"]
