@@ -96,11 +96,13 @@ def reap_expired(store: JobStore, lease_s: float) -> list[str]:
 
 
 class Reaper:
-    """Runs ``reap_expired`` every ``interval_s`` in one process of the cluster at a time."""
+    """Runs ``reap_expired`` every ``interval_s`` in one process of the cluster at a time, and
+    ``every_tick`` (node-local duties) in every process."""
 
     def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float,
-                 on_reaped: Callable[[list[str]], None] = lambda job_ids: None) -> None:
-        self.store, self.owner, self.on_reaped = store, owner, on_reaped
+                 on_reaped: Callable[[list[str]], None] = lambda job_ids: None,
+                 every_tick: Callable[[], object] = lambda: None) -> None:
+        self.store, self.owner, self.on_reaped, self.every_tick = store, owner, on_reaped, every_tick
         self.lease_s, self.interval_s = lease_s, interval_s
         self._stop = threading.Event()
 
@@ -113,6 +115,7 @@ class Reaper:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
+                self.every_tick()  # node-local duties of every worker (sandboxes of dead owners)
                 lock_s = max(1, int(self.interval_s * 2))
                 if self.store.redis.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s) or \
                         self.store.redis.get(keys.REAPER_LOCK) == self.owner:
@@ -120,5 +123,5 @@ class Reaper:
                     reaped = reap_expired(self.store, self.lease_s)
                     if reaped:
                         self.on_reaped(reaped)
-            except redis.RedisError as error:
+            except Exception as error:  # noqa: BLE001 - the reaper must keep running
                 log.warning("reaper: %s", error)

@@ -211,6 +211,8 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
                                       "generation": assignment.generation})
             session = open_session(services, job, assignment)
+        if record.get("sandbox"):
+            services.sandboxes.adopt(record["sandbox"])
         async with tool_client(record.get("sandbox")) as job.sandbox:
             job.run_result = await bounded(job, cancelled, handler.run(job, session))
     except JobCancelled:

@@ -10,7 +10,7 @@ import ipaddress
 
 import redis
 
-from singularity.runtime import AddressExhausted, SandboxRecord
+from singularity.runtime import AddressExhausted, ProcessRef, SandboxRecord
 
 from . import keys
 from .store import load_script
@@ -57,6 +57,14 @@ class RedisSandboxLedger:
     def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
         entry = self.redis.hget(keys.node_sandboxes(node), sandbox_id)
         return SandboxRecord.model_validate_json(entry) if entry else None
+
+    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
+        """Make ``owner`` the sandbox's owner (RUN adopts what INIT started); False if gone."""
+        record = self.get(node, sandbox_id)
+        if record is None:
+            return False
+        self.record(record.model_copy(update={"owner": owner, "worker": worker}))
+        return True
 
     def list(self, node: str) -> list[SandboxRecord]:
         entries = self.redis.hgetall(keys.node_sandboxes(node))

@@ -19,6 +19,7 @@ from typing import Any
 from handlers import SandboxRequest
 from singularity.runtime import (
     Limits,
+    ProcessRef,
     Runtime,
     SandboxSpec,
     make_runtime,
@@ -63,6 +64,11 @@ class JobSandboxes:
         sandbox = await self.runtime.start(spec)
         return {"id": sandbox.id, "node": self.node, "socket_path": str(sandbox.socket_path),
                 "workspace": str(workspace)}
+
+    def adopt(self, sandbox: dict[str, str]) -> None:
+        """This process now owns the sandbox: if it dies, the sandbox is reaped with it."""
+        self.ledger.transfer(sandbox["node"], sandbox["id"], ProcessRef.of(os.getpid()),
+                             f"{self.node}:{os.getpid()}")
 
     async def stop(self, sandbox: dict[str, str] | None) -> None:
         """Stop a job's sandbox from any worker process of its node (no error if gone)."""

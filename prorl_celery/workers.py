@@ -45,7 +45,8 @@ def start_heartbeat(sender, **_: object) -> None:
     services = get_services()
     Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
            interval_s=services.settings.reaper_interval_s,
-           on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids))).start()
+           on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
+           every_tick=_reap_sandboxes).start()
 
 
 @worker_shutdown.connect
@@ -62,7 +63,7 @@ _worker_name: dict[str, str] = {}
 
 
 def _reap_sandboxes() -> None:
-    """Sandboxes left on this node by a worker that died are stopped when workers start."""
+    """Stop the sandboxes on this node whose owner died (at start-up and on every reaper tick)."""
     try:
         get_services().sandboxes.reap_dead_owners()
     except Exception as error:  # noqa: BLE001 - a worker must start even if reaping fails

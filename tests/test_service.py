@@ -291,3 +291,25 @@ def test_math_agent_runs_python_in_a_sandbox_closed_after_run(gateway, backend):
     assert state.hlen(keys.node_sandboxes(sandbox["node"])) == 0  # stopped right after RUN
     assert state.hlen(keys.node_addresses(sandbox["node"])) == 0
     assert not os.path.exists(sandbox["workspace"]) and not os.path.exists(sandbox["socket_path"])
+
+
+def test_killed_run_worker_leaves_no_sandbox_running(gateway, backend):
+    cluster = gateway.cluster
+    job_id = gateway.submit(math("SLOW question with tools", "1", tools=["python"]))
+    eventually(lambda: len(backend.log()) == 1, 30, "RUN reached its backend, sandbox up")
+    state = redis.Redis.from_url(cluster.state_url, decode_responses=True)
+    sandbox = json.loads(state.hget(keys.job(job_id), "sandbox"))
+    assert state.hlen(keys.node_sandboxes(sandbox["node"])) == 1
+    pid = int(state.hget(keys.job(job_id), "worker_pid"))
+    victim = next(p for p in cluster.processes if p.popen.pid == pid)
+    os.kill(pid, signal.SIGKILL)
+    victim.popen.wait(10)
+    cluster.processes.remove(victim)
+    cluster.start_worker(Stage.RUN, 8)
+    result = gateway.result(job_id, wait=30)
+    assert (result["status"], result["critical_error"]) == ("failed", "run")
+    # RUN had adopted the sandbox; its owner is dead, so a worker of the node reaps it
+    eventually(lambda: state.hlen(keys.node_sandboxes(sandbox["node"])) == 0, 30, "sandbox reaped")
+    assert state.hlen(keys.node_addresses(sandbox["node"])) == 0
+    assert not os.path.exists(sandbox["socket_path"])
+    cluster.wait_for_workers()
