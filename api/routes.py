@@ -47,7 +47,8 @@ def submit(body: ProcessRequest) -> tuple[str, bool]:
     job_id = body.job_id or uuid.uuid4().hex
     created, _ = services.store.create(job_id, {
         "task": handler.name or body.task_name, "instance": body.instance,
-        "sampling_params": sampling, "budget_s": budget})
+        "sampling_params": sampling, "budget_s": budget, "attempt": 1,
+        "max_attempts": body.max_attempts or settings.max_attempts})
     if created:
         try:
             enqueue(Stage.INIT, job_id)

@@ -35,6 +35,8 @@ class ProcessRequest(BaseModel):
     job_id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="idempotency key")
     task: str | None = Field(None, min_length=1, description="handler name; default instance.data_source")
     timeout_s: float | None = Field(None, gt=0, description="active-time budget; default PRORL_JOB_TIMEOUT_S")
+    max_attempts: int | None = Field(None, ge=1, le=10,
+                                     description="retries from INIT after a lost worker; default PRORL_MAX_ATTEMPTS")
 
     @model_validator(mode="after")
     def _task_named(self) -> "ProcessRequest":

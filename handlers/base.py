@@ -72,6 +72,7 @@ class JobContext:
     init_result: dict[str, Any] = field(default_factory=dict)
     run_result: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() value at which the job's budget runs out
+    attempt: int = 1  # > 1 when the job is retried from INIT after its worker was lost
     #: during INIT and RUN of a job that asked for a sandbox: a connected
     #: ``singularity.toolserver.client.ToolClient`` (bash, ipython, editor, search)
     sandbox: Any = None

@@ -1,4 +1,4 @@
-"""Stage leases: a job whose worker died mid-stage ends as ``failed`` instead of hanging.
+"""Stage leases: a job whose worker died mid-stage is retried or ends as ``failed``, never hangs.
 
 A stage's lease starts when it is claimed (``status_at``) and is renewed every ``lease_s / 3``
 by a thread of the worker process executing it. One reaper at a time (a Redis lock with a TTL,
@@ -83,12 +83,33 @@ def expired_jobs(store: JobStore, lease_s: float) -> list[tuple[str, Stage]]:
     return expired
 
 
-def reap_expired(store: JobStore, lease_s: float) -> list[str]:
-    """End every job whose stage lost its worker; returns their ids."""
+#: fields of an attempt that a retry from INIT starts without
+RETRY_RESET = {"init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
+               "backend": "", "critical_error": "", "error": None}
+
+
+def reap_expired(store: JobStore, lease_s: float,
+                 retry: Callable[[str], None] | None = None) -> list[str]:
+    """End, or retry from INIT, every job whose stage lost its worker; returns their ids.
+
+    A job is retried (``retry(job_id)`` enqueues its INIT) while its ``attempt`` is below its
+    ``max_attempts``; the lost attempt's stages can no longer move it (attempt-guarded
+    transitions). Otherwise it ends as ``failed``.
+    """
     reaped = []
     for job_id, stage in expired_jobs(store, lease_s):
         reason = f"worker lost during {stage.value}: its lease expired (no heartbeat for {lease_s:.0f} s)"
-        if store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=stage.active,
+        attempt, max_attempts = (int(v or 1) for v in store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts"]))
+        if retry is not None and attempt < max_attempts:
+            moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=stage.active,
+                                     attempt=attempt, fields={**RETRY_RESET, "attempt": attempt + 1,
+                                                              "retry_reason": reason})
+            if moved.ok:
+                log.warning("job %s: %s; retrying from INIT (attempt %d)", job_id, reason, attempt + 1)
+                retry(job_id)
+                reaped.append(job_id)
+            continue
+        if store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=stage.active, attempt=attempt,
                             fields={"critical_error": stage.value, "error": reason}).ok:
             log.warning("job %s: %s", job_id, reason)
             reaped.append(job_id)
@@ -100,9 +121,11 @@ class Reaper:
     ``every_tick`` (node-local duties) in every process."""
 
     def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float,
+                 retry: Callable[[str], None] | None = None,
                  on_reaped: Callable[[list[str]], None] = lambda job_ids: None,
                  every_tick: Callable[[], object] = lambda: None) -> None:
-        self.store, self.owner, self.on_reaped, self.every_tick = store, owner, on_reaped, every_tick
+        self.store, self.owner, self.retry = store, owner, retry
+        self.on_reaped, self.every_tick = on_reaped, every_tick
         self.lease_s, self.interval_s = lease_s, interval_s
         self._stop = threading.Event()
 
@@ -120,7 +143,7 @@ class Reaper:
                 if self.store.redis.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s) or \
                         self.store.redis.get(keys.REAPER_LOCK) == self.owner:
                     self.store.redis.expire(keys.REAPER_LOCK, lock_s)
-                    reaped = reap_expired(self.store, self.lease_s)
+                    reaped = reap_expired(self.store, self.lease_s, self.retry)
                     if reaped:
                         self.on_reaped(reaped)
             except Exception as error:  # noqa: BLE001 - the reaper must keep running

@@ -68,7 +68,7 @@ def job_context(record: dict[str, Any], deadline: float | None = None) -> JobCon
     return JobContext(
         job_id=record["id"], task=record["task"], instance=record["instance"] or {},
         sampling_params=record.get("sampling_params") or {}, init_result=record.get("init_result") or {},
-        run_result=record.get("run_result") or {}, deadline=deadline,
+        run_result=record.get("run_result") or {}, deadline=deadline, attempt=int(record.get("attempt") or 1),
     )
 
 
@@ -129,14 +129,14 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         return
     except StageTimeout as error:
         await _close_sandbox(services, sandbox)
-        store.finish(job.job_id, JobStatus.TIMEOUT, {"critical_error": "timeout", "error": str(error),
-                                                     "extra": _handler_extras(handler, job)})
+        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields={
+            "critical_error": "timeout", "error": str(error), "extra": _handler_extras(handler, job)})
         return
     except Exception as error:  # noqa: BLE001 - any handler failure becomes a fallback result
         log.warning("INIT of job %s failed: %s", job.job_id, describe(error))
         await _close_sandbox(services, sandbox)
         job.init_result = await _fallback(handler.init_exception(job, error), {"error": describe(error)})
-        store.finish(job.job_id, JobStatus.FAILED, {
+        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields={
             "critical_error": "init", "error": describe(error), "init_result": job.init_result,
             "extra": _handler_extras(handler, job)})
         return
@@ -145,12 +145,12 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
     queue = node_queue(Stage.RUN, services.settings.node) if local else None
     if queue and not await _run_worker_appears(services, queue):
         await _close_sandbox(services, sandbox)  # nobody here would ever run it: fail, do not strand
-        store.finish(job.job_id, JobStatus.FAILED, {
+        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields={
             "critical_error": "init", "init_result": job.init_result, "extra": _handler_extras(handler, job),
             "error": f"no live RUN worker on node {services.settings.node} for this node-local job; "
                      f"start `celery -A prorl_celery worker -Q run` there"})
         return
-    if store.hand_over(job.job_id, Stage.INIT, {"init_result": job.init_result}).ok:
+    if store.hand_over(job.job_id, Stage.INIT, {"init_result": job.init_result}, attempt=job.attempt).ok:
         enqueue(Stage.RUN, job.job_id, queue=queue)
     else:  # cancelled meanwhile: nobody will run it
         await _close_sandbox(services, sandbox)
@@ -220,7 +220,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     except StageTimeout as error:
         reason = str(error) if assignment or not handler.uses_llm else (
             "no LLM backend was registered within the job's time budget; POST /add_llm_server first")
-        store.finish(job.job_id, JobStatus.TIMEOUT, {
+        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields={
             "critical_error": "timeout", "error": reason, "extra": _handler_extras(handler, job),
             "trajectory": session.trajectory() if session else None})
         return
@@ -235,7 +235,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     if session is not None:
         _count_tokens(services, session)
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **outcome}
-    if store.hand_over(job.job_id, Stage.RUN, fields).ok:
+    if store.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt).ok:
         enqueue(Stage.EVAL, job.job_id)
 
 
@@ -257,8 +257,8 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
     except JobCancelled:
         return
     except StageTimeout as error:
-        store.finish(job.job_id, JobStatus.TIMEOUT, {"critical_error": "timeout", "error": str(error),
-                                                     "extra": _handler_extras(handler, job)})
+        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields={
+            "critical_error": "timeout", "error": str(error), "extra": _handler_extras(handler, job)})
         return
     except Exception as error:  # noqa: BLE001 - a failed evaluation still ends the job well-formed
         log.warning("EVAL of job %s failed: %s", job.job_id, describe(error))
@@ -266,7 +266,7 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
                                  EvalResult(0.0, {"error": describe(error)}))
         critical, error_text = "eval", describe(error)
     status = JobStatus.FAILED if critical else JobStatus.COMPLETED
-    store.finish(job.job_id, status, {
+    store.finish(job.job_id, status, attempt=job.attempt, fields={
         "reward": float(result.reward), "eval": result.details, "critical_error": critical,
         "error": error_text, "extra": _handler_extras(handler, job)})
 

@@ -26,6 +26,7 @@ def build_result(store: JobStore, record: dict[str, Any]) -> dict[str, Any]:
         "timing": store.timing(record, now=record.get("ended_at")).to_dict(),
         "backend": record.get("backend") or None,
         "generation": int(record["generation"]) if record.get("generation") else None,
+        "attempt": int(record.get("attempt") or 1),
         "trajectory": trajectory,
         "messages": (trajectory or {}).get("messages", []),
         "eval": record.get("eval") or {},

@@ -1,7 +1,8 @@
 """Job status and the transitions allowed between them.
 
     pending_init ─> init ─> pending_run ─> run ─> pending_eval ─> eval ─> completed
-         │           │                     │                       │
+         │  ^        │                     │                       │
+         │  └────────┴──── retry (worker lost, attempts left) ─────┤
          └───────────┴──── cancelled / failed / timeout <──────────┘
 
 A stage is *claimed* by moving ``pending_<stage>`` to ``<stage>``; a redelivered message finds
@@ -62,7 +63,8 @@ NON_TERMINAL = frozenset(set(JobStatus) - TERMINAL)
 
 #: to-status -> the statuses it may be entered from
 ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING_INIT: frozenset(),  # only by creation
+    # by creation, or a retry from INIT after the stage's worker was lost
+    JobStatus.PENDING_INIT: frozenset({JobStatus.INIT, JobStatus.RUN, JobStatus.EVAL}),
     JobStatus.INIT: frozenset({JobStatus.PENDING_INIT}),
     JobStatus.PENDING_RUN: frozenset({JobStatus.INIT}),
     JobStatus.RUN: frozenset({JobStatus.PENDING_RUN}),

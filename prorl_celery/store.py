@@ -122,7 +122,7 @@ class JobStore:
 
     def transition(
         self, job_id: str, target: JobStatus, *, timer: str = "none", fields: dict[str, Any] | None = None,
-        only_from: JobStatus | None = None, with_record: bool = False,
+        only_from: JobStatus | None = None, with_record: bool = False, attempt: int | None = None,
     ) -> Transition:
         """Move the job to ``target`` if the table allows it from its current status
         (narrowed to ``only_from`` when given)."""
@@ -131,7 +131,7 @@ class JobStore:
         reply = self._transition(
             keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS],
             args=[job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s,
-                  int(with_record), *_encode(fields or {})],
+                  int(with_record), "" if attempt is None else attempt, *_encode(fields or {})],
         )
         previous = JobStatus(reply[1]) if reply[1] else None
         if not reply[0]:
@@ -145,15 +145,17 @@ class JobStore:
         A successful claim carries the job record, read in the same script."""
         return self.transition(job_id, stage.active, timer="resume", fields=fields, with_record=True)
 
-    def hand_over(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
+    def hand_over(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None,
+                  attempt: int | None = None) -> Transition:
         """``<stage>`` -> ``pending_<next>``, pausing the timer while the job waits in a queue."""
         assert stage.next is not None
-        return self.transition(job_id, stage.next.pending, timer="pause", fields=fields)
+        return self.transition(job_id, stage.next.pending, timer="pause", fields=fields, attempt=attempt)
 
-    def finish(self, job_id: str, status: JobStatus, fields: dict[str, Any] | None = None) -> Transition:
+    def finish(self, job_id: str, status: JobStatus, fields: dict[str, Any] | None = None,
+               attempt: int | None = None) -> Transition:
         """End the job exactly once; wakes every waiter."""
         assert status.terminal
-        return self.transition(job_id, status, timer="pause", fields=fields)
+        return self.transition(job_id, status, timer="pause", fields=fields, attempt=attempt)
 
     def cancel(self, job_id: str, reason: str = "cancelled by request") -> Transition:
         """End a job as cancelled unless it has ended already, and tell its worker."""

@@ -11,7 +11,7 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from handlers import load_handlers
 
 from . import keys
-from .celery_app import node_queue
+from .celery_app import enqueue, node_queue
 from .leases import Reaper
 from .nodes import HEARTBEAT_S
 from .services import get_services
@@ -45,6 +45,7 @@ def start_heartbeat(sender, **_: object) -> None:
     services = get_services()
     Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
            interval_s=services.settings.reaper_interval_s,
+           retry=lambda job_id: enqueue(Stage.INIT, job_id),
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
            every_tick=_reap_sandboxes).start()
 

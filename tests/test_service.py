@@ -263,21 +263,37 @@ def test_every_backend_protocol_is_token_exact(gateway, llm_servers, protocol):
             turn["output_start"]:turn["output_start"] + turn["output_len"]]
 
 
-def test_killed_worker_ends_the_job_instead_of_leaving_it_running(gateway):
+def kill_run_worker_of(gateway, job_id: str) -> None:
+    """SIGKILL the RUN worker executing ``job_id`` and start a fresh RUN worker."""
     cluster = gateway.cluster
-    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120})
-    gateway.wait_for_stage(job_id, "run")
     pid = int(redis.Redis.from_url(cluster.state_url).hget(keys.job(job_id), "worker_pid"))
     victim = next(p for p in cluster.processes if p.popen.pid == pid)
     os.kill(pid, signal.SIGKILL)
     victim.popen.wait(10)
     cluster.processes.remove(victim)
     cluster.start_worker(Stage.RUN, 8)
+
+
+def test_killed_worker_ends_the_job_instead_of_leaving_it_running(gateway):
+    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120})
+    gateway.wait_for_stage(job_id, "run")
+    kill_run_worker_of(gateway, job_id)
     result = gateway.result(job_id, wait=30)
     assert (result["status"], result["critical_error"]) == ("failed", "run")
     assert "worker lost during run" in result["error"]
-    cluster.wait_for_workers()
+    gateway.cluster.wait_for_workers()
     assert gateway.process({"data_source": "fault"})["status"] == "completed"
+
+
+def test_killed_worker_job_is_retried_from_init_when_attempts_remain(gateway):
+    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120, "sleep_first_attempt_only": True},
+                            max_attempts=2)
+    gateway.wait_for_stage(job_id, "run")
+    kill_run_worker_of(gateway, job_id)
+    result = gateway.result(job_id, wait=60)
+    assert (result["status"], result["attempt"], result["critical_error"]) == ("completed", 2, None)
+    assert result["eval"] == {"ran": True}
+    gateway.cluster.wait_for_workers()
 
 
 def test_math_agent_runs_python_in_a_sandbox_closed_after_run(gateway, backend):
@@ -300,12 +316,7 @@ def test_killed_run_worker_leaves_no_sandbox_running(gateway, backend):
     state = redis.Redis.from_url(cluster.state_url, decode_responses=True)
     sandbox = json.loads(state.hget(keys.job(job_id), "sandbox"))
     assert state.hlen(keys.node_sandboxes(sandbox["node"])) == 1
-    pid = int(state.hget(keys.job(job_id), "worker_pid"))
-    victim = next(p for p in cluster.processes if p.popen.pid == pid)
-    os.kill(pid, signal.SIGKILL)
-    victim.popen.wait(10)
-    cluster.processes.remove(victim)
-    cluster.start_worker(Stage.RUN, 8)
+    kill_run_worker_of(gateway, job_id)
     result = gateway.result(job_id, wait=30)
     assert (result["status"], result["critical_error"]) == ("failed", "run")
     # RUN had adopted the sandbox; its owner is dead, so a worker of the node reaps it

@@ -143,3 +143,19 @@ def test_only_keys_module_spells_redis_keys():
     offenders = [str(p.relative_to(ROOT)) for folder in ("prorl_celery", "api", "handlers", "singularity")
                  for p in (ROOT / folder).rglob("*.py") if p.name != "keys.py" and pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_a_given_up_attempt_cannot_move_the_retried_job(store):
+    store.create("j1", {"task": "noop", "instance": {}, "budget_s": 10, "attempt": 1, "max_attempts": 2})
+    store.claim_stage("j1", Stage.INIT)
+    store.hand_over("j1", Stage.INIT, attempt=1)
+    store.claim_stage("j1", Stage.RUN)
+    # the reaper gives attempt 1 up and retries from INIT; attempt 2 reaches RUN again
+    assert store.transition("j1", JobStatus.PENDING_INIT, timer="pause", only_from=JobStatus.RUN, attempt=1,
+                            fields={"attempt": 2}).ok
+    store.claim_stage("j1", Stage.INIT)
+    assert store.hand_over("j1", Stage.INIT, attempt=2).ok
+    store.claim_stage("j1", Stage.RUN)
+    zombie = store.hand_over("j1", Stage.RUN, {"run_result": {"stale": True}}, attempt=1)
+    assert not zombie.ok and store.load("j1").get("run_result") is None
+    assert store.hand_over("j1", Stage.RUN, attempt=2).ok

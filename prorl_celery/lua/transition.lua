@@ -10,7 +10,9 @@
 -- ARGV[5] "1" when the target is terminal
 -- ARGV[6] TTL in seconds given to the job's keys once terminal
 -- ARGV[7] "1" to return the whole job record too (a stage claim: saves a round trip)
--- ARGV[8..] field, value pairs to set on the job record
+-- ARGV[8] the attempt the caller works for, or "" for any: a stage of an attempt that was
+--         given up (its worker was presumed lost) cannot move the retried job
+-- ARGV[9..] field, value pairs to set on the job record
 -- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success,
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
 -- Time comes from the Redis server so that workers on different nodes share one clock.
@@ -21,6 +23,9 @@ for status in string.gmatch(ARGV[3], '[^,]+') do
   if status == current then allowed = true end
 end
 if not allowed then return {0, current} end
+if ARGV[8] ~= '' and (redis.call('HGET', KEYS[1], 'attempt') or '1') ~= ARGV[8] then
+  return {0, current}
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -41,7 +46,7 @@ end
 if ARGV[5] == '1' then
   table.insert(updates, 'ended_at'); table.insert(updates, stamp)
 end
-for i = 8, #ARGV do table.insert(updates, ARGV[i]) end
+for i = 9, #ARGV do table.insert(updates, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(updates))
 redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)

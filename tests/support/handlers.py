@@ -16,7 +16,8 @@ class FaultHandler(AgentHandler):
     uses_llm = False
 
     async def _act(self, job: JobContext, stage: str) -> None:
-        await asyncio.sleep(float(job.instance.get(f"{stage}_sleep_s", 0)))
+        if job.attempt == 1 or not job.instance.get("sleep_first_attempt_only"):
+            await asyncio.sleep(float(job.instance.get(f"{stage}_sleep_s", 0)))
         if job.instance.get("fail") == stage:
             raise RuntimeError(f"scripted failure in {stage}")
 
