@@ -48,7 +48,8 @@ class CancelWatcher:
             else:
                 self._watched.pop(job_id, None)
 
-    def _wake(self, job_id: str) -> None:
+    def wake(self, job_id: str) -> None:
+        """Abort this process's stages of ``job_id`` (as a cancel would)."""
         with self._lock:
             entries = list(self._watched.get(job_id, []))
         for loop, event in entries:
@@ -73,7 +74,7 @@ class CancelWatcher:
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=self.sweep_s)
                     if message:
-                        self._wake(message["data"])
+                        self.wake(message["data"])
                     if time.monotonic() >= next_sweep:
                         self._sweep()
                         next_sweep = time.monotonic() + self.sweep_s
@@ -92,4 +93,4 @@ class CancelWatcher:
             pipe.hget(keys.job(job_id), "status")
         for job_id, status in zip(job_ids, pipe.execute()):
             if status in (None, JobStatus.CANCELLED.value):
-                self._wake(job_id)
+                self.wake(job_id)

@@ -47,6 +47,11 @@ class LeaseKeeper:
             if self._jobs[job_id] <= 0:
                 del self._jobs[job_id]
 
+    def held(self) -> list[str]:
+        """Ids of the jobs whose stages this process is executing."""
+        with self._lock:
+            return list(self._jobs)
+
     def renew_now(self) -> int:
         with self._lock:
             held = [keys.job(job_id) for job_id in self._jobs]
@@ -88,30 +93,33 @@ RETRY_RESET = {"init_result": None, "run_result": None, "trajectory": None, "san
                "backend": "", "critical_error": "", "error": None}
 
 
+def give_up(store: JobStore, job_id: str, stage: Stage, reason: str,
+            retry: Callable[[str], None] | None = None) -> bool:
+    """Take a job away from the attempt executing ``stage``: retry it from INIT while its
+    ``attempt`` is below its ``max_attempts`` (``retry(job_id)`` enqueues INIT), else end it
+    as ``failed``. Attempt-guarded, so that attempt's own stage can no longer move the job."""
+    attempt, max_attempts = (int(v or 1) for v in store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts"]))
+    if retry is not None and attempt < max_attempts:
+        moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=stage.active,
+                                 attempt=attempt, fields={**RETRY_RESET, "attempt": attempt + 1, "retry_reason": reason})
+        if moved.ok:
+            log.warning("job %s: %s; retrying from INIT (attempt %d)", job_id, reason, attempt + 1)
+            retry(job_id)
+        return moved.ok
+    ended = store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=stage.active, attempt=attempt,
+                             fields={"critical_error": stage.value, "error": reason})
+    if ended.ok:
+        log.warning("job %s: %s", job_id, reason)
+    return ended.ok
+
+
 def reap_expired(store: JobStore, lease_s: float,
                  retry: Callable[[str], None] | None = None) -> list[str]:
-    """End, or retry from INIT, every job whose stage lost its worker; returns their ids.
-
-    A job is retried (``retry(job_id)`` enqueues its INIT) while its ``attempt`` is below its
-    ``max_attempts``; the lost attempt's stages can no longer move it (attempt-guarded
-    transitions). Otherwise it ends as ``failed``.
-    """
+    """Give up every job whose stage lost its worker (see ``give_up``); returns their ids."""
     reaped = []
     for job_id, stage in expired_jobs(store, lease_s):
         reason = f"worker lost during {stage.value}: its lease expired (no heartbeat for {lease_s:.0f} s)"
-        attempt, max_attempts = (int(v or 1) for v in store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts"]))
-        if retry is not None and attempt < max_attempts:
-            moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=stage.active,
-                                     attempt=attempt, fields={**RETRY_RESET, "attempt": attempt + 1,
-                                                              "retry_reason": reason})
-            if moved.ok:
-                log.warning("job %s: %s; retrying from INIT (attempt %d)", job_id, reason, attempt + 1)
-                retry(job_id)
-                reaped.append(job_id)
-            continue
-        if store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=stage.active, attempt=attempt,
-                            fields={"critical_error": stage.value, "error": reason}).ok:
-            log.warning("job %s: %s", job_id, reason)
+        if give_up(store, job_id, stage, reason, retry):
             reaped.append(job_id)
     return reaped
 

@@ -6,13 +6,13 @@ import os
 import threading
 import time
 
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
 from handlers import load_handlers
 
 from . import keys
 from .celery_app import enqueue, node_queue
-from .leases import Reaper
+from .leases import Reaper, give_up
 from .nodes import HEARTBEAT_S
 from .services import get_services
 from .status import Stage
@@ -48,6 +48,28 @@ def start_heartbeat(sender, **_: object) -> None:
            retry=lambda job_id: enqueue(Stage.INIT, job_id),
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
            every_tick=_reap_sandboxes).start()
+
+
+@worker_shutting_down.connect
+def hand_back_on_shutdown(**_: object) -> None:
+    """SIGTERM (Slurm's warning before SIGKILL): Celery stops taking jobs and waits for running
+    stages; those still running after the grace period are handed back (retried from INIT while
+    attempts remain, else failed) and aborted, which closes their sandboxes and backends."""
+    threading.Thread(target=_hand_back_after_grace, name="prorl-shutdown", daemon=True).start()
+
+
+def _hand_back_after_grace() -> None:
+    services = get_services()
+    deadline = time.monotonic() + services.settings.shutdown_grace_s
+    while services.leases.held() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for job_id in services.leases.held():
+        status = services.store.status(job_id)
+        if status is None or status.stage is None or status != status.stage.active:
+            continue
+        reason = f"worker shut down during {status.value}"
+        give_up(services.store, job_id, status.stage, reason, retry=lambda j: enqueue(Stage.INIT, j))
+        services.cancel_watcher.wake(job_id)
 
 
 @worker_shutdown.connect

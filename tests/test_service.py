@@ -263,13 +263,13 @@ def test_every_backend_protocol_is_token_exact(gateway, llm_servers, protocol):
             turn["output_start"]:turn["output_start"] + turn["output_len"]]
 
 
-def kill_run_worker_of(gateway, job_id: str) -> None:
-    """SIGKILL the RUN worker executing ``job_id`` and start a fresh RUN worker."""
+def kill_run_worker_of(gateway, job_id: str, sig: int = signal.SIGKILL) -> None:
+    """Signal the RUN worker executing ``job_id``, wait for it to exit, start a fresh RUN worker."""
     cluster = gateway.cluster
     pid = int(redis.Redis.from_url(cluster.state_url).hget(keys.job(job_id), "worker_pid"))
     victim = next(p for p in cluster.processes if p.popen.pid == pid)
-    os.kill(pid, signal.SIGKILL)
-    victim.popen.wait(10)
+    os.kill(pid, sig)
+    victim.popen.wait(30)
     cluster.processes.remove(victim)
     cluster.start_worker(Stage.RUN, 8)
 
@@ -307,6 +307,20 @@ def test_math_agent_runs_python_in_a_sandbox_closed_after_run(gateway, backend):
     assert state.hlen(keys.node_sandboxes(sandbox["node"])) == 0  # stopped right after RUN
     assert state.hlen(keys.node_addresses(sandbox["node"])) == 0
     assert not os.path.exists(sandbox["workspace"]) and not os.path.exists(sandbox["socket_path"])
+
+
+def test_sigterm_hands_in_flight_stages_back_after_the_grace_period(gateway):
+    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120, "sleep_first_attempt_only": True},
+                            max_attempts=2)
+    gateway.wait_for_stage(job_id, "run")
+    started = time.monotonic()
+    kill_run_worker_of(gateway, job_id, signal.SIGTERM)  # grace 1 s in the test cluster
+    assert time.monotonic() - started < 20  # it did not wait for the 120 s stage
+    result = gateway.result(job_id, wait=60)
+    assert (result["status"], result["attempt"]) == ("completed", 2)
+    state = redis.Redis.from_url(gateway.cluster.state_url, decode_responses=True)
+    assert state.hget(keys.job(job_id), "retry_reason") == "worker shut down during run"
+    gateway.cluster.wait_for_workers()
 
 
 def test_killed_run_worker_leaves_no_sandbox_running(gateway, backend):
