@@ -1,6 +1,7 @@
 """Job and backend endpoints. Views stay short: parse, act through the job store, return."""
 from __future__ import annotations
 
+import ipaddress
 import uuid
 from typing import Any
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel
 
 from handlers import UnknownTaskError, get_handler
 from prorl_celery.celery_app import enqueue
-from prorl_celery.errors import BadRequest, ServiceStopped, UnknownTask
+from prorl_celery.errors import BadRequest, Forbidden, ServiceStopped, UnknownTask
 from prorl_celery.results import build_result, pending_result
 from prorl_celery.services import get_services
 from prorl_celery.status import JobStatus, Stage
@@ -110,9 +111,28 @@ def cancel():
 @bp.post("/add_llm_server")
 def add_llm_server():
     body = parse(AddServerRequest)
+    check_allowed_backend(body.address.host or "", get_services().settings.backend_allowlist)
     added, generation = get_services().pool.add(body.normalized_address, body.type)
     return jsonify({"address": body.normalized_address, "type": body.type, "added": added,
                     "generation": generation})
+
+
+def check_allowed_backend(host: str, allowlist: str) -> None:
+    """With ``PRORL_BACKEND_ALLOWLIST`` set, only those hosts or networks may be registered."""
+    entries = [e.strip() for e in allowlist.split(",") if e.strip()]
+    if not entries or host in entries:
+        return
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in entries:
+        try:
+            if address is not None and address in ipaddress.ip_network(entry, strict=False):
+                return
+        except ValueError:
+            continue
+    raise Forbidden(f"address: host {host!r} is not in PRORL_BACKEND_ALLOWLIST")
 
 
 @bp.post("/clear_llm_server")

@@ -112,8 +112,10 @@ def demo(jobs: int, **options) -> None:
 @click.option("--temperature", type=float, default=None, help="sampling_params.temperature")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="per-job budget in seconds")
 @click.option("--run-id", default=None, help="reuse to resume an interrupted submit (printed at start)")
+@click.option("--token", envvar="PRORL_API_TOKEN", default=None, help="the gateway's bearer token")
 def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, samples: int,
-           max_tokens: int | None, temperature: float | None, timeout_s: float | None, run_id: str | None) -> None:
+           max_tokens: int | None, temperature: float | None, timeout_s: float | None, run_id: str | None,
+           token: str | None) -> None:
     """Post every row of DATA (JSONL or Parquet) as jobs; write results and print a summary."""
     import uuid
     from .client import RolloutClient
@@ -123,7 +125,7 @@ def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, s
     requests = job_requests(data, task, samples, sampling, timeout_s, run_id)
     out = out or data.with_suffix(".results.jsonl")
     click.echo(f"run {run_id}: {len(requests)} jobs of task {task!r} -> {out}", err=True)
-    with RolloutClient(list(gateways)) as client, out.open("w") as sink:
+    with RolloutClient(list(gateways), token=token) as client, out.open("w") as sink:
         results = submit_file(client, requests, sink)
     click.echo(summary(results))
 

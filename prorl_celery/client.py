@@ -154,7 +154,9 @@ class AsyncRolloutClient:
 
     def __init__(self, urls: str | Sequence[str], *, retry: RetryPolicy | None = None,
                  timeout_s: float = 30.0, poll_s: float = 20.0, max_waits: int = 128,
-                 submit_concurrency: int = 16, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 submit_concurrency: int = 16, transport: httpx.AsyncBaseTransport | None = None,
+                 token: str | None = None) -> None:
+        """``token``: the gateway's bearer token (PRORL_API_TOKEN, or the admin token)."""
         self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
         if not self.urls:
             raise ValueError("give at least one gateway URL")
@@ -167,7 +169,8 @@ class AsyncRolloutClient:
         self._submit_slots = asyncio.Semaphore(submit_concurrency)
         limits = httpx.Limits(max_connections=max_waits + submit_concurrency + 8,
                               max_keepalive_connections=max_waits + submit_concurrency)
-        self._http = httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport, headers=headers)
 
     async def __aenter__(self) -> "AsyncRolloutClient":
         return self

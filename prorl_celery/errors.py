@@ -3,6 +3,9 @@
     ProrlError
     ├── BadRequest                      400 bad_request      (request fails validation)
     │   └── UnknownTask                 400 unknown_task     (names the registered tasks)
+    ├── Unauthorized                    401 unauthorized     (no or a wrong bearer token)
+    ├── Forbidden                       403 forbidden        (an admin endpoint, or a backend
+    │                                                          address outside the allow-list)
     ├── JobNotFound(KeyError)           404 job_not_found
     ├── PayloadTooLarge                 413 payload_too_large
     ├── ServiceStopped                  503 service_stopped  (after /stop, until /start)
@@ -35,6 +38,16 @@ class BadRequest(ProrlError):
 
 class UnknownTask(BadRequest):
     code = "unknown_task"
+
+
+class Unauthorized(ProrlError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(ProrlError):
+    code = "forbidden"
+    http_status = 403
 
 
 class JobNotFound(ProrlError, KeyError):

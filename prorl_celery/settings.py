@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     runtime: str = Field("auto", description="sandbox runtime: auto | bubblewrap | apptainer | process")
     sandbox_dir: str = Field("/tmp/prorl-sandboxes", description="sandbox state and job workspaces")
 
+    api_token: str | None = Field(None, description="bearer token for the job endpoints (auth off when unset)")
+    admin_token: str | None = Field(None, description="bearer token for /start, /stop and the LLM server endpoints")
+    backend_allowlist: str = Field("", description="hosts or CIDRs /add_llm_server accepts, comma separated")
+
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 
