@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from handlers import AgentHandler, EvalResult, JobContext, get_handler
+from handlers import AgentHandler, EvalResult, JobContext, UnknownTaskError, get_handler
 
 from .aio import run_coro, thread_loop
 from .celery_app import enqueue, node_queue
@@ -48,7 +48,12 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
         started = time.monotonic()
         try:
             job = job_context(claim.record, deadline=started + claim.budget_left_s)
-            handler = get_handler(claim.record["task"])
+            try:
+                handler = get_handler(claim.record["task"])
+            except UnknownTaskError as error:  # a plug-in missing on this worker: say so, now
+                services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields={
+                    "critical_error": stage.value, "error": f"this worker cannot run the task: {error}"})
+                return
             run_coro(_STAGES[stage](services, handler, job, claim.record, cancelled))
         finally:
             services.leases.release(job_id)

@@ -26,3 +26,17 @@ def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_strand
     assert (record["status"], record["critical_error"]) == ("failed", "init")
     assert "no live RUN worker on node lonely-node" in record["error"]
     assert services.store.wait("j1", 0).terminal
+
+
+def test_a_task_unknown_to_the_worker_fails_at_once_with_the_reason(redis_url):
+    settings = Settings(redis_url=redis_url + "/7")
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    services = Services(settings)
+    services.store.create("j2", {"task": "not-installed-here", "instance": {}, "budget_s": 10})
+    try:
+        execute_stage(Stage.INIT, "j2", services)
+    finally:
+        services.close()
+    record = services.store.load("j2")
+    assert (record["status"], record["critical_error"]) == ("failed", "init")
+    assert "cannot run the task" in record["error"] and "not-installed-here" in record["error"]
