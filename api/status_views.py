@@ -12,6 +12,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
+from handlers import registered_tasks
 from prorl_celery import keys
 from prorl_celery.connection import get_redis
 from prorl_celery.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
@@ -35,6 +36,7 @@ def service_status(services: Services) -> dict[str, Any]:
         "generation": services.pool.generation(),
         "backends": [b.__dict__ for b in services.pool.list()],
         "workers": workers,
+        "tasks": registered_tasks(),
     }
 
 

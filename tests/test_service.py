@@ -227,6 +227,7 @@ def test_status_metrics_and_openapi(gateway):
     gateway.process({"data_source": "fault"})
     status = gateway.get("/status").json()
     assert set(status["stages"]) == {"init", "run", "eval"}
+    assert {"math", "noop", "fault"} <= set(status["tasks"])
 
     def queues_seen() -> set:  # heartbeats re-register within 5 s of the per-test flush
         return {tuple(w["queues"]) for w in gateway.get("/status").json()["workers"]}
