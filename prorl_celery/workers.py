@@ -1,4 +1,9 @@
-"""Worker start-up hooks: node-local RUN queue and the heartbeat ``/status`` reports."""
+"""Worker life-cycle hooks.
+
+Start-up: import the handlers, reap the node's sandboxes of dead owners, add ``run.<node>`` to a
+RUN worker's queues; when ready: the heartbeat ``/status`` reports and the lease reaper. SIGTERM:
+hand back stages that outlive the grace period. Shutdown: leave the worker list.
+"""
 from __future__ import annotations
 
 import logging
@@ -19,6 +24,11 @@ from .status import Stage
 
 log = logging.getLogger(__name__)
 _stop = threading.Event()
+_worker_name: dict[str, str] = {}
+
+
+def _retry_from_init(job_id: str) -> None:
+    enqueue(Stage.INIT, job_id)
 
 
 @celeryd_after_setup.connect
@@ -45,7 +55,7 @@ def start_heartbeat(sender, **_: object) -> None:
     services = get_services()
     Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
            interval_s=services.settings.reaper_interval_s,
-           retry=lambda job_id: enqueue(Stage.INIT, job_id),
+           retry=_retry_from_init,
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
            every_tick=_reap_sandboxes).start()
 
@@ -68,7 +78,7 @@ def _hand_back_after_grace() -> None:
         if status is None or status.stage is None or status != status.stage.active:
             continue
         reason = f"worker shut down during {status.value}"
-        give_up(services.store, job_id, status.stage, reason, retry=lambda j: enqueue(Stage.INIT, j))
+        give_up(services.store, job_id, status.stage, reason, retry=_retry_from_init)
         services.cancel_watcher.wake(job_id)
 
 
@@ -80,9 +90,6 @@ def stop_heartbeat(**_: object) -> None:
         redis.zrem(keys.WORKERS, _worker_name.get("name", ""))
     except Exception:  # noqa: BLE001 - shutting down anyway
         pass
-
-
-_worker_name: dict[str, str] = {}
 
 
 def _reap_sandboxes() -> None:
