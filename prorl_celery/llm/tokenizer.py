@@ -7,6 +7,7 @@ cannot change what lies after that token.
 """
 from __future__ import annotations
 
+import json
 import threading
 from functools import lru_cache
 from typing import Any
@@ -28,6 +29,7 @@ class ChatTokenizer:
         self.eot_id: int = tokenizer.convert_tokens_to_ids(self.eot_token)
         # the Rust tokenizer raises "Already borrowed" when one instance is used by two threads
         self._lock = threading.Lock()
+        self._probe_cache: dict[str, int] = {}
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
@@ -50,13 +52,21 @@ class ChatTokenizer:
 
     def observation_ids(self, message: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
         """Ids to append after a model turn that ended with the end-of-turn token."""
-        before = self.render(_PROBE, tools)
+        turns = self._probe_turns(tools)
         after = self.render(_PROBE + [message], tools, add_generation_prompt=True)
-        turns = before.count(self.eot_token)
         cut = _nth_end(after, self.eot_token, turns)
         if turns == 0 or cut < 0:
             raise ValueError(f"chat template of {self.name!r} has no {self.eot_token!r} after a turn")
         return self.encode(after[cut:])
+
+
+    def _probe_turns(self, tools: list[dict] | None) -> int:
+        """End-of-turn tokens in the rendered probe; it depends only on the tools, so it is
+        rendered once per tool set rather than once per observation."""
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._probe_cache:
+            self._probe_cache[key] = self.render(_PROBE, tools).count(self.eot_token)
+        return self._probe_cache[key]
 
 
 def _nth_end(text: str, token: str, n: int) -> int:
