@@ -91,6 +91,12 @@ class SandboxRequest:
     memory_bytes: int | None = 4 * 2**30
     max_processes: int | None = 512
     cpu_seconds: int | None = None
+    #: host paths made visible read-only inside the sandbox, as ``(host_path, inside_path)``
+    #: pairs: a handler's shipped data (repositories, corpora) without copying it per job
+    binds: tuple[tuple[str, str], ...] = ()
+    #: a JSONL file of ``{"id", "title", "text"}`` (path inside the sandbox, usually under a
+    #: bind) that the ``search`` tool indexes with BM25; None: no search tool
+    search_corpus: str | None = None
 
 
 @dataclass
@@ -117,6 +123,14 @@ class AgentHandler:
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """The sandbox this job needs, or None. A job with a sandbox runs RUN on INIT's node."""
+        return None
+
+    def eval_sandbox_request(self, job: JobContext) -> SandboxRequest | None:
+        """A fresh sandbox for EVAL (hidden tests must not run where the agent worked), or None.
+
+        Started on the EVAL worker's node right before ``eval`` (as ``job.sandbox``) and stopped
+        right after it, whatever happens.
+        """
         return None
 
     def validate_instance(self, instance: dict[str, Any]) -> None:

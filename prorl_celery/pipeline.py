@@ -257,8 +257,13 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
                 cancelled: asyncio.Event) -> None:
     store = services.store
     critical, error_text = record.get("critical_error") or None, record.get("error") or None
+    sandbox: dict[str, str] | None = None
     try:
-        result: EvalResult = await bounded(job, cancelled, handler.eval(job))
+        request = handler.eval_sandbox_request(job)
+        if request is not None:  # a fresh one, never the agent's: it was closed after RUN
+            sandbox = await bounded(job, cancelled, services.sandboxes.start(f"{job.job_id}-eval", request))
+        async with tool_client(sandbox) as job.sandbox:
+            result: EvalResult = await bounded(job, cancelled, handler.eval(job))
     except JobCancelled:
         return
     except StageTimeout as error:
@@ -270,6 +275,8 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
         result = await _fallback(handler.eval_exception(job, error),
                                  EvalResult(0.0, {"error": describe(error)}))
         critical, error_text = "eval", describe(error)
+    finally:
+        await _close_sandbox(services, sandbox)
     status = JobStatus.FAILED if critical else JobStatus.COMPLETED
     store.finish(job.job_id, status, attempt=job.attempt, fields={
         "reward": float(result.reward), "eval": result.details, "critical_error": critical,

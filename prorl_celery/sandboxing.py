@@ -18,6 +18,7 @@ from typing import Any
 
 from handlers import SandboxRequest
 from singularity.runtime import (
+    Bind,
     Limits,
     ProcessRef,
     Runtime,
@@ -27,6 +28,7 @@ from singularity.runtime import (
     stop_recorded,
 )
 from singularity.toolserver.client import ToolClient
+from singularity.toolserver.protocol import SEARCH_CORPUS_ENV
 
 from .sandboxes import RedisAddressAllocator, RedisSandboxLedger
 
@@ -59,8 +61,10 @@ class JobSandboxes:
         workspace.mkdir(parents=True, exist_ok=True)
         limits = Limits(memory_bytes=request.memory_bytes, max_processes=request.max_processes,
                         cpu_seconds=request.cpu_seconds)
+        env = {SEARCH_CORPUS_ENV: request.search_corpus} if request.search_corpus else {}
         spec = SandboxSpec(image=request.image, workspace=str(workspace), network=request.network,
-                           limits=limits, job_id=job_id)
+                           limits=limits, job_id=job_id, env=env,
+                           binds=tuple(Bind(source=host, target=inside) for host, inside in request.binds))
         sandbox = await self.runtime.start(spec)
         return {"id": sandbox.id, "node": self.node, "socket_path": str(sandbox.socket_path),
                 "workspace": str(workspace)}

@@ -277,14 +277,16 @@ def test_single_turn_answer() -> None:
     job, llm, result = rollout(PROBLEM, [r"3 times 4 is \boxed{12}."])
     assert isinstance(llm, ChatLLM)
     assert job.init_result["messages"] == llm.messages[:2]
-    assert job.run_result == {"answer": "12", "iterations": 1, "finish_reason": "answer", "tool_calls": 0}
+    assert job.run_result == {"answer": "12", "iterations": 1, "finish_reason": "answer", "tool_calls": 0,
+                              "tool_errors": 0, "tool_log": []}
     assert result == EvalResult(1.0, {"answer": "12", "ground_truth": "12", "correct": True})
 
 
 def test_follow_up_sent_when_no_boxed_answer() -> None:
     instance = {**PROBLEM, "max_iterations": 3}
     job, llm, result = rollout(instance, ["It is twelve.", r"\boxed{12}", "unused"])
-    assert job.run_result == {"answer": "12", "iterations": 2, "finish_reason": "answer", "tool_calls": 0}
+    assert job.run_result == {"answer": "12", "iterations": 2, "finish_reason": "answer", "tool_calls": 0,
+                              "tool_errors": 0, "tool_log": []}
     assert [m["role"] for m in llm.messages] == ["system", "user", "assistant", "user", "assistant"]
     assert llm.messages[3]["content"] == FOLLOW_UP
     assert llm.replies == ["unused"]
@@ -295,7 +297,7 @@ def test_max_iterations_respected() -> None:
     instance = {**PROBLEM, "max_iterations": 3}
     job, llm, result = rollout(instance, ["twelve", "still twelve", "12!", "never asked"])
     assert job.run_result == {"answer": None, "iterations": 3, "finish_reason": "max_iterations",
-                              "tool_calls": 0}
+                              "tool_calls": 0, "tool_errors": 0, "tool_log": []}
     assert llm.num_turns == 3
     assert [m["content"] for m in llm.messages].count(FOLLOW_UP) == 2
     assert llm.messages[-1]["role"] == "assistant"  # no follow-up without a turn to answer it
@@ -322,7 +324,8 @@ def test_stops_when_time_budget_is_spent() -> None:
     job = JobContext(job_id="j", task="math", instance=PROBLEM, deadline=time.monotonic() - 1)
     job.init_result = run(handler.init(job))
     result = run(handler.run(job, ScriptedLLM(["unused"])))
-    assert result == {"answer": None, "iterations": 0, "finish_reason": "time", "tool_calls": 0}
+    assert result == {"answer": None, "iterations": 0, "finish_reason": "time", "tool_calls": 0,
+                      "tool_errors": 0, "tool_log": []}
 
 
 def test_run_without_init_result_normalises_the_instance() -> None:

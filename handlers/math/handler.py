@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
-from handlers.math import python_tool
-from handlers.math.python_tool import PYTHON_TOOL
-from handlers.tools import parse_tool_calls
+from handlers.sandbox_tools import PYTHON
 from handlers.math.grading import extract_boxed, is_equivalent
 from handlers.math.instances import normalize_instance, validate_instance
 
@@ -54,53 +53,23 @@ class MathHandler(AgentHandler):
         }
 
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
-        """Converse until a boxed answer appears.
+        """Converse until a boxed answer appears (see :class:`handlers.agent.AgentLoop`).
 
-        Returns ``{"answer": str | None, "iterations": int, "finish_reason": str}``, where
-        ``finish_reason`` is ``"answer"``, ``"max_iterations"`` (turns used up without an
-        answer), ``"context"`` (too little context left for another turn) or ``"time"`` (the
-        job's budget ran out between turns).
+        Returns the loop's outcome: ``answer`` (str | None), ``iterations``, ``tool_calls``,
+        ``tool_errors`` and ``finish_reason``: ``"answer"``, ``"max_iterations"`` (turns used up
+        without an answer), ``"context"`` (too little context left for another turn) or
+        ``"time"`` (the job's budget ran out between turns).
         """
         setup = job.init_result if "messages" in job.init_result else await self.init(job)
-        use_python = job.sandbox is not None
-        llm.start(setup["messages"], tools=[PYTHON_TOOL] if use_python else None)
-        max_iterations = int(setup.get("max_iterations", 1))
-        answer: str | None = None
-        iterations = tool_calls = 0
-        observed = False  # the last turn called tools: the model continues from their output
-        finish_reason = "max_iterations"
-        while iterations < max_iterations:
-            stop = self._stop_reason(job, llm)
-            if stop is not None:
-                finish_reason = stop
-                break
-            if iterations > 0 and not observed:
-                llm.add_message("user", FOLLOW_UP)
-            generation = await llm.generate()
-            iterations += 1
-            answer = extract_boxed(generation.text)
-            if answer is not None:
-                finish_reason = "answer"
-                break
-            calls = parse_tool_calls(generation.text) if use_python else []
-            for call in calls:
-                llm.add_message("tool", await python_tool.execute(job.sandbox, call, self.tool_timeout_s))
-            tool_calls += len(calls)
-            observed = bool(calls)
-        return {"answer": answer, "iterations": iterations, "finish_reason": finish_reason,
-                "tool_calls": tool_calls}
+        loop = AgentLoop(tools=[PYTHON] if job.sandbox is not None else [], finish_tool=False,
+                         max_iterations=int(setup.get("max_iterations", 1)),
+                         tool_timeout_s=self.tool_timeout_s, min_context_tokens=self.min_context_tokens,
+                         answer_in_text=extract_boxed, nudge=FOLLOW_UP)
+        return await loop.run(job, llm, setup["messages"])
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """Jobs with ``"tools": ["python"]`` get a sandbox whose IPython runs the agent's code."""
-        return SandboxRequest() if python_tool.wants_python(job.instance) else None
-
-    def _stop_reason(self, job: JobContext, llm: ChatLLM) -> str | None:
-        """Why no further turn should start, checked before each one."""
-        if llm.context_left < self.min_context_tokens:
-            return "context"
-        if job.time_left() == 0.0:
-            return "time"
-        return None
+        return SandboxRequest() if "python" in (job.instance.get("tools") or []) else None
 
     async def eval(self, job: JobContext) -> EvalResult:
         """Reward 1.0 when the answer is equivalent to the ground truth, else 0.0."""

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .protocol import MAX_FRAME
+from .protocol import MAX_FRAME, SEARCH_CORPUS_ENV
 from .server import DEFAULT_MAX_OUTPUT, ServerConfig, serve
 
 MAX_OUTPUT_LIMIT = MAX_FRAME // 8  # stdout + stderr of a cell, JSON-escaped, fit in a frame
@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
         help="the directory the tools work in (editor paths are confined to it)",
     )
     parser.add_argument(
-        "--search-corpus", type=Path, help="JSONL of {id, title, text} for BM25 search"
+        "--search-corpus", type=Path, default=os.environ.get(SEARCH_CORPUS_ENV) or None,
+        help=f"JSONL of {{id, title, text}} for BM25 search (default: ${SEARCH_CORPUS_ENV})",
     )
     parser.add_argument(
         "--search-url", help="HTTP search service (POST {query, k}) instead of BM25"

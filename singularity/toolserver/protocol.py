@@ -36,6 +36,9 @@ MAX_FRAME = 64 * 1024 * 1024
 HEADER_BYTES = 4
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 24 * 3600.0
+#: the environment variable that gives the server its BM25 corpus when ``--search-corpus`` is not
+#: passed (runtimes pass a sandbox's environment through; its command line is fixed)
+SEARCH_CORPUS_ENV = "TOOLSERVER_SEARCH_CORPUS"
 
 
 class Model(BaseModel):
