@@ -8,7 +8,7 @@ from prorl_celery.settings import Settings, get_settings
 
 def create_app(settings: Settings | None = None) -> Flask:
     """Build the Flask app; configuration comes from ``PRORL_*`` environment variables."""
-    from . import auth, errors, routes, status_views
+    from . import auth, dashboard, errors, routes, status_views
 
     from handlers import load_handlers
     from prorl_celery.services import get_services
@@ -21,6 +21,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     app.register_blueprint(routes.bp)
     app.register_blueprint(status_views.bp)
+    app.register_blueprint(dashboard.bp)
     errors.register(app)
     auth.install(app, settings)
     return app

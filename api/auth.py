@@ -3,23 +3,37 @@
 ``PRORL_API_TOKEN`` guards the job endpoints, ``PRORL_ADMIN_TOKEN`` the cluster controls
 (``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``); the admin token also opens the
 job endpoints. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
+
+Browsers sign in to the dashboard at ``/dashboard/login``, which keeps the token in an HttpOnly
+cookie; only ``/dashboard`` paths accept that cookie. They are read-only, so a cookie the
+browser sends by itself cannot be used to cancel, stop or submit anything.
 """
 from __future__ import annotations
 
 import hmac
 
-from flask import Flask, request
+from urllib.parse import quote
+
+from flask import Flask, redirect, request
 
 from prorl_celery.errors import Forbidden, Unauthorized
 from prorl_celery.settings import Settings
 
-OPEN = frozenset({"/healthz", "/metrics"})
+DASHBOARD_PREFIX = "/dashboard"
+DASHBOARD_COOKIE = "prorl_dashboard_token"
+OPEN = frozenset({"/healthz", "/metrics", DASHBOARD_PREFIX + "/login"})
 ADMIN = frozenset({"/start", "/stop", "/add_llm_server", "/clear_llm_server"})
+
+
+def _is_dashboard(path: str) -> bool:
+    return path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/")
 
 
 def _presented() -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    if scheme.lower() == "bearer":
+        return token.strip()
+    return request.cookies.get(DASHBOARD_COOKIE, "") if _is_dashboard(request.path) else ""
 
 
 def _matches(token: str, expected: str | None) -> bool:
@@ -31,9 +45,17 @@ def install(app: Flask, settings: Settings) -> None:
         return
 
     @app.before_request
-    def _check_token() -> None:
-        if request.path in OPEN:
-            return
+    def _check_token():
+        if request.path in OPEN or request.path.startswith(DASHBOARD_PREFIX + "/static/"):
+            return None  # static files of the dashboard hold no data
+        try:
+            return _authorize()
+        except Unauthorized:
+            if _is_dashboard(request.path) and not request.path.startswith(DASHBOARD_PREFIX + "/api/"):
+                return redirect(f"{DASHBOARD_PREFIX}/login?next={quote(request.full_path.rstrip('?'))}")
+            raise
+
+    def _authorize() -> None:
         token = _presented()
         if not token:
             raise Unauthorized("this gateway needs 'Authorization: Bearer <token>'")

@@ -1,0 +1,191 @@
+"""The dashboard over HTTP on the real gateway: its JSON matches /status, the jobs list stays
+bounded with 10,000 jobs stored, the trajectory viewer escapes model text, and sign-in works
+when the gateway has tokens."""
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+import sys
+
+import httpx
+import pytest
+import redis
+
+from api import dashboard_data
+from prorl_celery.llm.tokenizer import load_tokenizer
+from prorl_celery.local import ManagedProcess, free_port, wait_until
+from prorl_celery.status import JobStatus, Stage
+from prorl_celery.store import JobStore
+
+XSS = "<script>window.__xss=1</script>"
+PATCH = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -1,2 +1,2 @@\n x = 1\n-y = 2\n+y = <b>3</b>\n"
+
+
+@pytest.fixture
+def store(cluster, gateway) -> JobStore:
+    """The gateway's job store, written directly (the gateway fixture has flushed it)."""
+    return JobStore(redis.Redis.from_url(cluster.state_url, decode_responses=True), result_ttl_s=3600)
+
+
+def finish_job(store: JobStore, job_id: str, *, task: str = "math", fields: dict | None = None,
+               reward: float = 1.0) -> None:
+    """Create a job and walk it through every stage to ``completed``, as the workers would."""
+    store.create(job_id, {"task": task, "instance": {"problem": "p"}, "sampling_params": {}, "budget_s": 60,
+                          "attempt": 1})
+    for stage in Stage:
+        assert store.claim_stage(job_id, stage).ok
+        if stage.next:
+            assert store.hand_over(job_id, stage).ok
+    assert store.finish(job_id, JobStatus.COMPLETED, {"reward": reward, **(fields or {})}).ok
+
+
+def test_overview_json_reports_what_status_reports(gateway, store):
+    finish_job(store, "done-1", reward=1.0)
+    finish_job(store, "done-2", reward=0.0)
+    store.create("waiting", {"task": "math", "budget_s": 60})
+    overview = gateway.get("/dashboard/api/overview").json()
+    status = gateway.get("/status").json()
+    for field in ("state", "stages", "jobs", "generation", "backends", "tasks"):
+        assert overview["status"][field] == status[field], field
+    assert {w["name"] for w in overview["status"]["workers"]} == {w["name"] for w in status["workers"]}
+    assert overview["status"]["jobs"]["completed"] == 2 and overview["status"]["stages"]["init"]["queued"] == 1
+    series = overview["series"]
+    assert len(series["completed"]) == dashboard_data.SERIES_MINUTES and sum(series["completed"]) == 2
+    assert series["mean_reward"][-1] == 0.5  # both ended this minute
+    nodes = {w["node"] for w in status["workers"]}
+    assert set(overview["sandboxes"]) == nodes
+    page = gateway.get("/dashboard")
+    assert page.status_code == 200 and 'id="initial-data"' in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_stage_percentiles_interpolate_the_histogram():
+    # 10 observations: 4 at <= 0.1 s, 6 more at <= 1 s
+    histogram = {"0.01": 0, "0.05": 0, "0.1": 4, "0.5": 4, "1.0": 10, "5.0": 10, "10.0": 10, "30.0": 10,
+                 "60.0": 10, "300.0": 10, "1800.0": 10, "+Inf": 10, "sum": 5.0}
+    numbers = dashboard_data.stage_percentiles(histogram)
+    assert numbers["count"] == 10 and numbers["mean"] == 0.5
+    assert numbers["p50"] == pytest.approx(0.5 + 0.5 * (1 / 6))
+    assert numbers["p90"] == pytest.approx(0.5 + 0.5 * (5 / 6))
+    assert dashboard_data.stage_percentiles({})["p50"] is None
+    assert dashboard_data.stage_percentiles({"+Inf": 2, "1800.0": 0, "sum": 9000})["p99"] == 1800.0
+
+
+def test_jobs_list_is_bounded_and_paginates_with_10000_jobs(gateway, store):
+    pipe_ids = [f"job-{i:05d}" for i in range(10_000)]
+    for job_id in pipe_ids:
+        store.create(job_id, {"task": "math" if int(job_id[-1]) % 2 else "noop", "budget_s": 60})
+    for old in ("job-00003", "job-00010", "job-00500"):  # deep in the index: far past one scan
+        assert store.cancel(old).ok
+    newest_first = list(reversed(pipe_ids))
+
+    first = gateway.get("/dashboard/api/jobs").json()
+    assert [j["job_id"] for j in first["jobs"]] == newest_first[:dashboard_data.PAGE_SIZE]
+    assert first["scanned"] == dashboard_data.PAGE_SIZE and first["next"]
+    second = gateway.get("/dashboard/api/jobs", params={"cursor": first["next"], "limit": 120}).json()
+    assert [j["job_id"] for j in second["jobs"]] == newest_first[50:170]
+
+    odd = gateway.get("/dashboard/api/jobs", params={"task": "math"}).json()
+    assert [j["job_id"] for j in odd["jobs"]] == [i for i in newest_first if int(i[-1]) % 2][:50]
+
+    # a rare status: each request examines at most SCAN_LIMIT ids and hands back a cursor
+    found, cursor, requests = [], None, 0
+    while True:
+        page = gateway.get("/dashboard/api/jobs", params={"status": "cancelled", **({"cursor": cursor} if cursor else {})})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert body["scanned"] <= dashboard_data.SCAN_LIMIT
+        found += [j["job_id"] for j in body["jobs"]]
+        requests += 1
+        cursor = body["next"]
+        if not cursor:
+            break
+    assert found == ["job-00500", "job-00010", "job-00003"]
+    assert requests >= 10_000 // dashboard_data.SCAN_LIMIT
+
+    listing = gateway.get("/dashboard/jobs")
+    assert listing.status_code == 200
+    assert len(re.findall(r'<tr data-job-id="', listing.text)) == dashboard_data.PAGE_SIZE
+    assert 'id="next-page"' in listing.text
+
+    overview = gateway.get("/dashboard/api/overview").json()
+    assert overview["series"]["sampled"] == dashboard_data.SERIES_SAMPLE and overview["series"]["sample_full"]
+
+
+@pytest.mark.parametrize("params,field", [({"status": "nope"}, "status"), ({"limit": "0"}, "limit"),
+                                          ({"limit": "x"}, "limit"), ({"cursor": "abc"}, "cursor"),
+                                          ({"cursor": "inf:job"}, "cursor")])
+def test_jobs_list_rejects_bad_parameters(gateway, params, field):
+    response = gateway.get("/dashboard/api/jobs", params=params)
+    assert response.status_code == 400 and response.json()["message"].startswith(field)
+    assert gateway.get("/dashboard/jobs", params=params).status_code == 400
+
+
+def test_trajectory_viewer_escapes_model_text_and_shows_tokens(gateway, store, qwen3_tokenizer):
+    tokenizer = load_tokenizer(qwen3_tokenizer)
+    messages = [{"role": "user", "content": f"Solve {XSS}"}]
+    prompt = tokenizer.prompt_ids(messages)
+    reply = tokenizer.encode(f"<think>hmm {XSS}</think>The answer is \\boxed{{1}}<|im_end|>")
+    observation = tokenizer.observation_ids({"role": "user", "content": "again " + XSS})
+    trajectory = {"prompt_ids": prompt, "response_ids": reply + observation,
+                  "response_mask": [1] * len(reply) + [0] * len(observation),
+                  "response_logprobs": [-0.01] * (len(reply) - 1) + [-3.0] + [0.0] * len(observation),
+                  "messages": messages + [{"role": "assistant", "content": tokenizer.decode(reply)},
+                                          {"role": "user", "content": "again " + XSS}],
+                  "num_turns": 1, "tokenizer": qwen3_tokenizer,
+                  "turns": [{"context_len": len(prompt), "output_start": 0, "output_len": len(reply),
+                             "finish_reason": "stop"}]}
+    finish_job(store, "xss-job", fields={"trajectory": trajectory, "eval": {"answer": XSS, "correct": False},
+                                         "extra": {"artifacts": {"patch": PATCH}}})
+    page = gateway.get("/dashboard/jobs/xss-job")
+    assert page.status_code == 200
+    assert XSS not in page.text and "<b>3</b>" not in page.text
+    assert html.escape(XSS, quote=False) in page.text or "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page.text
+    ids = [int(i) for i in re.findall(r'data-id="(\d+)"', page.text)]
+    assert ids == prompt + reply + observation
+    assert f"{len(prompt)} prompt tokens" in page.text and f"{len(reply)} model tokens" in page.text
+    assert f"{len(observation)} observation tokens" in page.text
+    assert 'class="diff-add">+y = &lt;b&gt;3&lt;/b&gt;</span>' in page.text
+    assert 'id="fidelity"' in page.text
+    assert gateway.get("/dashboard/jobs/no-such-job").status_code == 404
+
+
+@pytest.fixture(scope="module")
+def secured_gateway(cluster, tmp_path_factory):
+    port = free_port()
+    env = {**cluster.service_env(), "PRORL_API_TOKEN": "user-secret", "PRORL_ADMIN_TOKEN": "admin-secret"}
+    log = tmp_path_factory.mktemp("dashboard-auth") / "gateway.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
+                                  "-b", f"127.0.0.1:{port}", "api:create_app()"], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    process = ManagedProcess("dashboard-auth-gateway", popen, log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "secured gateway", process)
+    yield url
+    process.stop()
+
+
+def test_dashboard_sign_in_with_a_cookie(secured_gateway):
+    with httpx.Client(base_url=secured_gateway, timeout=30) as browser:
+        page = browser.get("/dashboard/jobs?status=completed")
+        assert page.status_code == 302
+        assert page.headers["location"] == "/dashboard/login?next=/dashboard/jobs%3Fstatus%3Dcompleted"
+        assert browser.get("/dashboard/api/overview").status_code == 401
+        assert browser.get("/dashboard/static/dashboard.css").status_code == 200
+        assert browser.get("/dashboard/login").status_code == 200
+        wrong = browser.post("/dashboard/login", data={"token": "guess"})
+        assert wrong.status_code == 401 and "not valid" in wrong.text
+        signed = browser.post("/dashboard/login", data={"token": "user-secret", "next": "https://evil.example/"})
+        assert signed.status_code == 302 and signed.headers["location"] == "/dashboard/"
+        cookie = signed.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "Path=/dashboard" in cookie and "SameSite=Strict" in cookie
+        assert browser.get("/dashboard/api/overview").status_code == 200
+        assert browser.get("/dashboard/jobs").status_code == 200
+        # the cookie opens only the dashboard: the JSON API still needs the header
+        cookie_only = {"Cookie": "prorl_dashboard_token=user-secret"}
+        assert httpx.get(secured_gateway + "/status", headers=cookie_only).status_code == 401
+        assert browser.post("/dashboard/logout").status_code == 302
+    bearer = httpx.get(secured_gateway + "/dashboard/api/overview", headers={"Authorization": "Bearer admin-secret"})
+    assert bearer.status_code == 200
