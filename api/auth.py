@@ -61,7 +61,8 @@ def install(app: Flask, settings: Settings) -> None:
             raise Unauthorized("this gateway needs 'Authorization: Bearer <token>'")
         if _matches(token, settings.admin_token):
             return
-        if request.path in ADMIN:
-            raise Forbidden(f"{request.path} needs the admin token")
+        # an unknown token is 401 everywhere; 403 only tells a valid job token it lacks the right
         if not _matches(token, settings.api_token):
             raise Unauthorized("the bearer token is not valid")
+        if request.path in ADMIN:
+            raise Forbidden(f"{request.path} needs the admin token")

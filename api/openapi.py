@@ -4,6 +4,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from .auth import ADMIN, OPEN
 from .schemas import AddServerRequest, CancelRequest, ProcessRequest
 
 _JSON = "application/json"
@@ -17,7 +18,22 @@ def _reply(description: str) -> dict[str, Any]:
     return {"description": description, "content": {_JSON: {"schema": {"type": "object"}}}}
 
 
-ERRORS = {"400": _reply("bad request: {code, message}"), "503": _reply("service stopped or broker down")}
+ERRORS = {"400": _reply("bad request: {code, message}"), "413": _reply("body over PRORL_MAX_REQUEST_BYTES"),
+          "503": _reply("service stopped or broker down")}
+#: the schemes ``auth`` enforces when tokens are configured (nothing is enforced while neither is set)
+SECURITY_SCHEMES = {
+    "jobToken": {"type": "http", "scheme": "bearer", "description": "PRORL_API_TOKEN"},
+    "adminToken": {"type": "http", "scheme": "bearer", "description": "PRORL_ADMIN_TOKEN"},
+}
+
+
+def _security(path: str) -> list[dict[str, list[str]]]:
+    """Which token opens ``path``, read from the same sets ``auth`` checks (so the two cannot drift)."""
+    if path in OPEN:
+        return []
+    if path in ADMIN:
+        return [{"adminToken": []}]
+    return [{"jobToken": []}, {"adminToken": []}]
 
 
 @lru_cache(maxsize=1)
@@ -48,6 +64,14 @@ def openapi_document() -> dict[str, Any]:
         "/status": get("service status"),
         "/healthz": get("liveness"),
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
+        "/openapi.json": get("this document"),
     }
+    for path, operations in paths.items():
+        for operation in operations.values():
+            operation["security"] = _security(path)
+            if path not in OPEN:
+                operation["responses"]["401"] = _reply("missing or wrong bearer token")
+            if path in ADMIN:
+                operation["responses"]["403"] = _reply("the job token cannot do this: admin token needed")
     return {"openapi": "3.1.0", "info": {"title": "prorl-celery gateway", "version": "0.1.0"},
-            "paths": paths, "components": {"schemas": schemas}}
+            "paths": paths, "components": {"schemas": schemas, "securitySchemes": SECURITY_SCHEMES}}

@@ -22,9 +22,21 @@ bp = Blueprint("jobs", __name__)
 
 def parse(model: type[BaseModel]) -> Any:
     body = request.get_json(silent=True)
+    refuse_truncated_stream()
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object (Content-Type: application/json)")
     return model.model_validate(body)
+
+
+def refuse_truncated_stream() -> None:
+    """413 for a chunked body over ``MAX_CONTENT_LENGTH``.
+
+    With a Content-Length werkzeug refuses an oversized body up front; a chunked body (no
+    length) is read only up to the limit, silently cut there, and would surface as invalid JSON.
+    Reading one byte more past the limit makes werkzeug's limited stream raise the 413.
+    """
+    if request.content_length is None:
+        request.stream.read(1)
 
 
 def submit(body: ProcessRequest) -> tuple[str, bool]:

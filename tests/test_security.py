@@ -1,4 +1,5 @@
-"""Gateway auth and the backend allow-list, on a real gunicorn configured through PRORL_* variables."""
+"""Gateway auth, request limits, the backend allow-list and schema fuzzing, on a real gunicorn
+configured through PRORL_* variables."""
 from __future__ import annotations
 
 import subprocess
@@ -6,15 +7,32 @@ import sys
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
 
+from api import create_app
+from api.openapi import openapi_document
 from prorl_celery.local import ManagedProcess, free_port, wait_until
 
+MAX_BYTES = 64 * 1024
+SPEC = openapi_document()
+#: every operation of the OpenAPI document, with the token scheme it declares
+OPERATIONS = [(path, method.upper(), op["security"]) for path, ops in SPEC["paths"].items()
+              for method, op in ops.items()]
+ADMIN_OPERATIONS = [(path, method) for path, method, security in OPERATIONS if security == [{"adminToken": []}]]
+GUARDED_OPERATIONS = [(path, method) for path, method, security in OPERATIONS if security]
 
-@pytest.fixture
-def secured(cluster, tmp_path):
+
+def concrete(path: str) -> str:
+    return path.replace("{job_id}", "some-job")
+
+
+@pytest.fixture(scope="module")
+def secured(cluster, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("secured")
     port = free_port()
     env = {**cluster.service_env(), "PRORL_API_TOKEN": "user-secret", "PRORL_ADMIN_TOKEN": "admin-secret",
-           "PRORL_BACKEND_ALLOWLIST": "127.0.0.0/8,gpu-node-1"}
+           "PRORL_BACKEND_ALLOWLIST": "127.0.0.0/8,gpu-node-1", "PRORL_MAX_REQUEST_BYTES": str(MAX_BYTES)}
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
@@ -28,7 +46,7 @@ def secured(cluster, tmp_path):
 
 
 def call(url: str, method: str, path: str, token: str | None = None, **kwargs) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {})}
     return httpx.request(method, url + path, headers=headers, timeout=60, **kwargs)
 
 
@@ -58,3 +76,77 @@ def test_client_sends_its_token(secured):
     from prorl_celery.client import RolloutClient
     with RolloutClient(secured, token="user-secret") as client:
         assert client.process({"data_source": "fault"})["status"] == "completed"
+
+
+def test_the_openapi_document_lists_every_route_and_the_auth_sets():
+    """A route added without a document entry would escape the parametrized checks below.
+
+    The browser dashboard (blueprint ``dashboard``: HTML pages behind its own cookie login) is
+    not part of the JSON API the document describes.
+    """
+    routes = {(rule.rule.replace("<job_id>", "{job_id}"), method)
+              for rule in create_app().url_map.iter_rules()
+              if rule.endpoint != "static" and not rule.endpoint.startswith("dashboard.")
+              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    assert routes == {(path, method) for path, method, _ in OPERATIONS}
+    assert {path for path, _ in ADMIN_OPERATIONS} == {"/start", "/stop", "/add_llm_server", "/clear_llm_server"}
+    assert {path for path, _, security in OPERATIONS if not security} == {"/healthz", "/metrics"}
+
+
+@pytest.mark.parametrize("path,method", ADMIN_OPERATIONS)
+@pytest.mark.parametrize("token,status", [(None, 401), ("wrong", 401), ("user-secret", 403)])
+def test_every_admin_endpoint_needs_the_admin_token(secured, path, method, token, status):
+    response = call(secured, method, concrete(path), token, json={"address": "http://127.0.0.9:8000/v1"})
+    assert response.status_code == status, response.text
+    assert response.json()["code"] == {401: "unauthorized", 403: "forbidden"}[status]
+    assert call(secured, "GET", "/status", "admin-secret").json()["state"] == "started"  # /stop did not act
+
+
+@pytest.mark.parametrize("path,method", GUARDED_OPERATIONS)
+def test_every_guarded_endpoint_refuses_a_missing_token(secured, path, method):
+    response = call(secured, method, concrete(path), json={"job_id": "x"})
+    assert response.status_code == 401 and response.json()["code"] == "unauthorized", response.text
+
+
+def test_admin_token_opens_the_admin_endpoints(secured):
+    for path, method in sorted(ADMIN_OPERATIONS, key=lambda op: op[0] == "/start"):  # /start last
+        body = {"address": "http://127.0.0.9:8000/v1"} if path == "/add_llm_server" else None
+        response = call(secured, method, path, "admin-secret", json=body)
+        assert response.status_code == 200, (path, response.text)
+    assert call(secured, "GET", "/status", "admin-secret").json()["state"] == "started"  # /start ran last
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_oversized_body_gets_413_in_the_error_format(secured, chunked):
+    big = b'{"instance": {"data_source": "fault", "pad": "' + b"x" * MAX_BYTES + b'"}}'
+    content = iter([big[i:i + 8192] for i in range(0, len(big), 8192)]) if chunked else big
+    response = call(secured, "POST", "/jobs", "user-secret", content=content,
+                    headers={"content-type": "application/json"})
+    assert response.status_code == 413, response.text
+    assert response.json()["code"] == "payload_too_large"
+    small = call(secured, "POST", "/jobs", "user-secret", json={"instance": {"data_source": "fault", "pad": "x" * 1000}})
+    assert small.status_code == 202, small.text
+
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+
+
+@pytest.fixture
+def gateway_schema(secured):
+    return schemathesis.openapi.from_url(secured + "/openapi.json", headers=ADMIN)
+
+
+fuzzed = schemathesis.pytest.from_fixture("gateway_schema")
+
+
+@fuzzed.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_schema_fuzzing_finds_no_server_error(case, secured):
+    """Generated requests (valid and invalid per the document) never get a 5xx."""
+    response = case.call(base_url=secured, headers=ADMIN, timeout=30)
+    if case.path == "/stop":  # a stopped service answers 503 by design; start it again
+        call(secured, "POST", "/start", "admin-secret").raise_for_status()
+    assert response.status_code < 500, f"{case.method} {case.path} -> {response.status_code}: {response.text[:500]}"
+    content_type = "".join(response.headers.get("content-type", []))
+    if response.status_code >= 400 and content_type.startswith("application/json"):
+        assert {"code", "message"} <= set(response.json()), response.text[:500]
