@@ -28,6 +28,7 @@ ENTRY_POINT_GROUP = "prorl.handlers"
 BUILTIN_HANDLERS: dict[str, str] = {
     "math": "handlers.math:MathHandler",
     "noop": "handlers.noop:NoopHandler",
+    "stem": "handlers.stem:StemHandler",
 }
 
 

@@ -1,0 +1,82 @@
+"""StemHandler: answer a science question with a search tool over a shipped corpus and python.
+
+INIT normalises the instance (``instances``); the sandbox it starts has the shipped corpus
+(``data/corpus.jsonl``) bound read-only at ``/data/stem`` and its tool server indexes it with
+BM25 on the first search. RUN is the shared agent loop with ``search``, ``python`` and
+``finish``; the final answer is the ``finish`` tool's ``answer`` or, in a reply without tool
+calls, the last ``\\boxed{}`` or "Answer: ..." line. EVAL grades it (``grading``): normalized
+exact match with aliases, or a relative numeric tolerance.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from handlers.agent import AgentLoop
+from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
+from handlers.sandbox_tools import PYTHON, SEARCH
+from handlers.stem.grading import extract_answer, grade
+from handlers.stem.instances import normalize_instance, validate_instance
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+#: where the shipped corpus appears inside the sandbox
+CORPUS_MOUNT = "/data/stem"
+CORPUS_NAME = "corpus.jsonl"
+NUDGE = ("Your reply contains no tool call and no final answer. Continue with a tool call, or call "
+         "`finish` with your final answer.")
+
+
+class StemHandler(AgentHandler):
+    """Task ``stem``: short-answer science questions graded by exact match or numeric tolerance.
+
+    Keeps no per-job state: one instance serves every job of its process.
+    """
+
+    name: ClassVar[str] = "stem"
+    aliases: ClassVar[tuple[str, ...]] = ("stem_search", "webinstruct", "webinstruct_verified", "scienceqa", "gpqa")
+    node_local: ClassVar[bool] = False  # RUN follows the sandbox to its node anyway
+    tool_timeout_s: ClassVar[float] = 30.0
+    min_context_tokens: ClassVar[int] = 64
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        validate_instance(instance)
+
+    def sandbox_request(self, job: JobContext) -> SandboxRequest:
+        return SandboxRequest(binds=((str(DATA_DIR), CORPUS_MOUNT),),
+                              search_corpus=f"{CORPUS_MOUNT}/{CORPUS_NAME}")
+
+    async def init(self, job: JobContext) -> dict[str, Any]:
+        """Return ``{"messages", "gold", "max_iterations", "metadata"}``."""
+        normalized = normalize_instance(job.instance)
+        return {"messages": normalized.messages, "gold": normalized.gold(),
+                "max_iterations": normalized.max_iterations, "metadata": normalized.metadata}
+
+    async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
+        """The agent loop's outcome (``answer``, ``finish_reason``, ``iterations``, tool counts)."""
+        setup = job.init_result if "messages" in job.init_result else await self.init(job)
+        tools = [SEARCH, PYTHON] if job.sandbox is not None else []
+        loop = AgentLoop(tools=tools, max_iterations=int(setup["max_iterations"]),
+                         tool_timeout_s=self.tool_timeout_s, min_context_tokens=self.min_context_tokens,
+                         answer_in_text=extract_answer, nudge=NUDGE)
+        return await loop.run(job, llm, setup["messages"])
+
+    async def eval(self, job: JobContext) -> EvalResult:
+        """Reward 1.0 when the answer matches the gold answer (or an alias), else 0.0."""
+        gold = self._gold(job)
+        answer = job.run_result.get("answer")
+        result = grade(answer, gold["answer"], aliases=gold["aliases"], answer_type=gold["answer_type"],
+                       tolerance=gold["tolerance"])
+        details = {"answer": answer, **result.details(), "answer_type": gold["answer_type"],
+                   "tolerance": gold["tolerance"]}
+        return EvalResult(reward=1.0 if result.correct else 0.0, details=details)
+
+    async def run_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
+        """Same keys as ``run``, so EVAL grades it as "no answer" (reward 0)."""
+        return {"answer": None, "finish_reason": "error", "iterations": None, "tool_calls": None,
+                "tool_errors": None, "error": f"{type(error).__name__}: {error}"}
+
+    @staticmethod
+    def _gold(job: JobContext) -> dict[str, Any]:
+        if "gold" in job.init_result:
+            return job.init_result["gold"]
+        return normalize_instance(job.instance).gold()
