@@ -4,6 +4,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
+from .connection import broker_ssl_options
 from .settings import get_settings
 from .status import Stage
 
@@ -50,6 +51,7 @@ def create_celery() -> Celery:
     )
     return app
 
+        broker_use_ssl=broker_ssl_options(settings.effective_broker_url),
 
 app = create_celery()
 

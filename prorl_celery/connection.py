@@ -1,7 +1,10 @@
 """Redis clients, one pool per URL per process."""
 from __future__ import annotations
 
+import ssl
 import threading
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 
@@ -37,3 +40,27 @@ def reset_clients() -> None:
         for client in _clients.values():
             client.connection_pool.disconnect()
         _clients.clear()
+
+
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+_SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def broker_ssl_options(url: str) -> dict[str, Any] | None:
+    """Celery's ``broker_use_ssl`` for a ``rediss://`` URL, from the URL's own query.
+
+    redis-py reads ``ssl_cert_reqs``/``ssl_ca_certs``/... from the query, but kombu's Redis
+    transport ignores them and, with no ``broker_use_ssl``, falls back to CERT_NONE (no
+    certificate check at all). This gives the broker what the URL says, verifying by default,
+    so ``PRORL_REDIS_URL``/``PRORL_BROKER_URL`` alone configure TLS for every client.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return None
+    query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+    reqs = query.get("ssl_cert_reqs", "required").lower().removeprefix("cert_")
+    if reqs not in _CERT_REQS:
+        raise ValueError(f"ssl_cert_reqs={query['ssl_cert_reqs']!r} in the Redis URL: use required, optional or none")
+    options: dict[str, Any] = {"ssl_cert_reqs": _CERT_REQS[reqs]}
+    options.update({name: query[name] for name in _SSL_FILES if name in query})
+    return options

@@ -16,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 import redis
@@ -131,7 +132,7 @@ class LocalCluster:
                    self._process("gateway"))
         self.wait_for_workers()
         if self.llm_url:
-            httpx.post(self.gateway_url + "/add_llm_server",
+            httpx.post(self.gateway_url + "/add_llm_server", headers=self.auth_headers(),
                        json={"address": self.llm_url, "type": self.llm_protocol}).raise_for_status()
 
     def _spawn_gateway(self) -> ManagedProcess:
@@ -166,7 +167,8 @@ class LocalCluster:
         expected = {p.name for p in self.processes if p.name.split("-")[0] in {s.value for s in Stage}}
 
         def all_seen() -> bool:
-            seen = {w["name"].split("@")[0] for w in httpx.get(self.gateway_url + "/status").json()["workers"]}
+            status = httpx.get(self.gateway_url + "/status", headers=self.auth_headers()).json()
+            seen = {w["name"].split("@")[0] for w in status["workers"]}
             return expected <= seen
         wait_until(all_seen, timeout_s, f"workers {sorted(expected)}")
 
@@ -189,6 +191,12 @@ class LocalCluster:
         self.llm_url = f"http://127.0.0.1:{port}" + ("/v1" if self.llm_protocol == "vllm" else "")
         wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200, 300,
                    "LLM server", process)
+
+    def auth_headers(self) -> dict[str, str]:
+        """The admin token (else the job token) the gateway requires, when one is configured."""
+        env = self.service_env()
+        token = env.get("PRORL_ADMIN_TOKEN") or env.get("PRORL_API_TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def service_env(self) -> dict[str, str]:
         env = {**os.environ, "PRORL_REDIS_URL": self.state_url, "PRORL_BROKER_URL": self.broker_url,
@@ -220,8 +228,12 @@ class LocalCluster:
 
 
 def _with_db(url: str, db: int) -> str:
-    """The same server with another database number (broker and state kept apart)."""
-    head, _, tail = url.rstrip("/").rpartition("/")
-    if head.endswith(":/") or not tail.isdigit():
-        return f"{url.rstrip('/')}/{db}"
-    return f"{head}/{db}"
+    """The same server with another database number (broker and state kept apart).
+
+    Keeps a password, a ``rediss://`` scheme and query options such as ``ssl_ca_certs``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme == "unix":  # the path is the socket's: the database goes in the query
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(db))]
+        return urlunsplit(parts._replace(query=urlencode(query)))
+    return urlunsplit(parts._replace(path=f"/{db}"))
