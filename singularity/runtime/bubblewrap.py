@@ -61,6 +61,7 @@ from .base import (
 )
 from .errors import InvalidSpec, SandboxStartError
 from .layout import ImageLayout, resolve_image
+from .procfs import ProcessRef
 
 NOBODY = 65534
 SOURCE_TARGET = "/opt/prorl"
@@ -213,7 +214,10 @@ class BubblewrapRuntime(Runtime):
             os.close(info_r)
             if block_w is not None:
                 os.close(block_w)
-        return Launch(popen=popen, pidns=info.get("pid-namespace"))
+        # the namespace init (its host pid): with it recorded, the sandbox's processes are still
+        # found by their namespace if bwrap itself is gone
+        init = ProcessRef.of(info["child-pid"]) if "child-pid" in info else None
+        return Launch(popen=popen, pidns=info.get("pid-namespace"), refs=[init] if init else [])
 
 
 def _parent_dirs(targets: list[str]) -> list[str]:

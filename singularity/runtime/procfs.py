@@ -6,7 +6,8 @@ ours. A sandbox's members are:
 
 * its root process (the one the runtime spawned: ``bwrap``, ``apptainer``, the subreaper),
 * every descendant of the root (found through the parent links),
-* every process in the sandbox's pid namespace (by the namespace inode, when it has one),
+* every process in the sandbox's pid namespace (by the namespace inode, when it has one), while
+  one of the processes above is still in that namespace (inode numbers are reused),
 * any other process recorded at start (the tool server), while it is the same process.
 
 ``pkill -f`` would hit other users' processes on a shared node; none of this matches names.
@@ -90,7 +91,10 @@ def members(root: ProcessRef | None, pidns: int | None = None,
             found[info.pid] = info
     if root is not None and root.pid in found:
         found.update(_descendants(infos, root.pid))
-    if pidns is not None:
+    # the kernel reuses a namespace's inode number as soon as the namespace is gone, so the
+    # inode names this sandbox only while a recorded process (or a descendant of the root) is
+    # still in it; otherwise a stale record would match, and kill, a newer sandbox
+    if pidns is not None and any(pid_namespace(pid) == pidns for pid in found):
         for info in infos:
             if info.pid not in found and pid_namespace(info.pid) == pidns:
                 found[info.pid] = info
