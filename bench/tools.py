@@ -465,7 +465,7 @@ def all_targets(results: dict) -> dict[str, bool]:
 def environment_info() -> dict:
     versions = {}
     for package in (
-        "pydantic",
+        "msgspec",
         "ptyprocess",
         "ipykernel",
         "jupyter_client",

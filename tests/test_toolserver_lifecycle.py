@@ -86,7 +86,7 @@ def wait_gone(pids: list[int], timeout_s: float = 20) -> list[int]:
     ],
 )
 def test_bad_requests_get_typed_errors(shared, body, code, request_id):
-    response = protocol.Response.model_validate(raw_exchange(shared.socket, body))
+    response = protocol.Response.parse(raw_exchange(shared.socket, body))
     assert not response.ok and response.error.code == code and response.id == request_id
 
 

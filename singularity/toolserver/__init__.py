@@ -1,7 +1,7 @@
 """The tool server: one process per sandbox that executes an agent's actions.
 
 It listens on a Unix socket in a directory bound into the sandbox and speaks a small typed
-protocol (:mod:`.protocol`: length-prefixed JSON frames, pydantic models). Tools: ``bash`` (a
+protocol (:mod:`.protocol`: length-prefixed JSON frames, msgspec structs). Tools: ``bash`` (a
 persistent shell on a pty), ``ipython`` (an in-process IPython kernel), ``editor`` (file edits
 confined to the workspace), ``search`` (BM25 over a local collection, or an HTTP service), plus
 ``ping`` and ``shutdown``.

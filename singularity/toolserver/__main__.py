@@ -78,10 +78,6 @@ def _host_port(parser: argparse.ArgumentParser, value: str | None) -> tuple[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    # pydantic scans the metadata of every installed distribution for plugins on the first
-    # validation: 10-20 ms of start-up the protocol never needs. Cells in the in-process IPython
-    # kernel share this setting; the shell does not (bash.DROP_ENV).
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     config, level = parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,

@@ -60,7 +60,7 @@ QUIET_ENV = {
     "PS4": "+ ",
     "HISTFILE": "/dev/null",
 }
-DROP_ENV = ("BASH_ENV", "ENV", "PS0", "PROMPT_COMMAND", "CDPATH", "PYDANTIC_DISABLE_PLUGINS")
+DROP_ENV = ("BASH_ENV", "ENV", "PS0", "PROMPT_COMMAND", "CDPATH")
 
 
 class BashSession:

@@ -22,8 +22,6 @@ import itertools
 import os
 from typing import Any
 
-from pydantic import BaseModel
-
 from . import protocol
 from .errors import ToolError, ToolServerGone, ToolTimeout
 from .protocol import (
@@ -101,7 +99,7 @@ class ToolClient:
     # -- typed tools -----------------------------------------------------------------------------
 
     async def ping(self) -> PingResult:
-        return PingResult.model_validate(await self.call("ping"))
+        return PingResult.parse(await self.call("ping"))
 
     async def bash(self, command: str, timeout_s: float = protocol.DEFAULT_TIMEOUT_S) -> BashResult:
         """Run ``command`` in the persistent shell; ``timeout_s`` interrupts it with Ctrl-C."""
@@ -110,7 +108,7 @@ class ToolClient:
             {"command": command, "timeout_s": timeout_s},
             deadline_s=timeout_s + self.margin_s,
         )
-        return BashResult.model_validate(result)
+        return BashResult.parse(result)
 
     async def ipython(
         self, code: str, timeout_s: float = protocol.DEFAULT_TIMEOUT_S
@@ -125,7 +123,7 @@ class ToolClient:
             {"code": code, "timeout_s": timeout_s},
             deadline_s=timeout_s + self.margin_s + 60.0,
         )
-        return IPythonResult.model_validate(result)
+        return IPythonResult.parse(result)
 
     async def editor(
         self,
@@ -153,10 +151,10 @@ class ToolClient:
             "path": path,
             **{k: v for k, v in given.items() if v is not None},
         }
-        return EditorResult.model_validate(await self.call("editor", args))
+        return EditorResult.parse(await self.call("editor", args))
 
     async def search(self, query: str, k: int = 5) -> SearchResult:
-        return SearchResult.model_validate(await self.call("search", {"query": query, "k": k}))
+        return SearchResult.parse(await self.call("search", {"query": query, "k": k}))
 
     async def shutdown(self) -> None:
         """Ask the server to exit (it answers first)."""
@@ -167,7 +165,7 @@ class ToolClient:
     async def call(
         self,
         tool: str,
-        args: dict[str, Any] | BaseModel | None = None,
+        args: dict[str, Any] | protocol.Model | None = None,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> dict[str, Any]:
@@ -176,8 +174,8 @@ class ToolClient:
             await self.connect()
         if self._gone is not None:
             raise ToolServerGone(self._gone)
-        if isinstance(args, BaseModel):
-            args = args.model_dump(mode="json")
+        if isinstance(args, protocol.Model):
+            args = args.to_dict()
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -205,7 +203,7 @@ class ToolClient:
         reason = "the tool server closed the connection"
         try:
             while (body := await protocol.read_frame(self._reader)) is not None:
-                response = Response.model_validate_json(body)
+                response = protocol.parse_response(body)
                 future = self._pending.get(response.id)
                 if future is not None and not future.done():
                     future.set_result(response)

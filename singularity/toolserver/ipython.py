@@ -35,6 +35,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .errors import ToolError
 from .mainthread import MainThreadRunner
 from .protocol import IPythonArgs, IPythonResult
@@ -229,7 +231,7 @@ class IPythonTool:
             self.runner.interrupt(future)
             await asyncio.wait({waiter}, timeout=POLL_S)
         if waiter.done():
-            return waiter.result().model_copy(update={"timed_out": True})
+            return msgspec.structs.replace(waiter.result(), timed_out=True)
         return IPythonResult(
             timed_out=True,
             kernel_busy=True,

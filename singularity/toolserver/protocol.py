@@ -27,10 +27,9 @@ The error codes are listed in :mod:`singularity.toolserver.errors`.
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+import msgspec
 
 MAX_FRAME = 64 * 1024 * 1024
 HEADER_BYTES = 4
@@ -40,19 +39,34 @@ MAX_TIMEOUT_S = 24 * 3600.0
 #: passed (runtimes pass a sandbox's environment through; its command line is fixed)
 SEARCH_CORPUS_ENV = "TOOLSERVER_SEARCH_CORPUS"
 
+#: what a message that fails its model raises (a ``ValueError``)
+ValidationError = msgspec.ValidationError
 
-class Model(BaseModel):
-    # defer_build: schemas are built on first use, which keeps the server's start-up short
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+class Model(msgspec.Struct, forbid_unknown_fields=True):
+    """Base of every protocol message: unknown fields fail loudly.
+
+    msgspec, not pydantic, because the tool server starts in every sandbox and its start-up
+    time is a sandbox's time to ready: msgspec imports in about a millisecond, pydantic and its
+    schemas cost most of the server's start (bench/sandbox.py measures both).
+    """
+
+    @classmethod
+    def parse(cls, data: Any) -> Any:
+        """The model from a decoded JSON value; :data:`ValidationError` when it does not fit."""
+        return msgspec.convert(data, cls)
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
 
 
 # -- envelope ------------------------------------------------------------------------------------
 
 
 class Request(Model):
-    id: int | str
+    id: Union[int, str]
     tool: str
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Any] = {}
 
 
 class ErrorInfo(Model):
@@ -61,21 +75,19 @@ class ErrorInfo(Model):
 
 
 class Response(Model):
-    id: int | str | None  # None only when the request was too broken to read its id
+    id: Union[int, str, None]  # None only when the request was too broken to read its id
     ok: bool
-    result: dict[str, Any] | None = None
-    error: ErrorInfo | None = None
+    result: Union[dict[str, Any], None] = None
+    error: Union[ErrorInfo, None] = None
 
-    @model_validator(mode="after")
-    def _one_of_result_or_error(self) -> Response:
+    def __post_init__(self) -> None:
         if self.ok != (self.error is None) or (not self.ok and self.result is not None):
             raise ValueError("a response has either ok=true and a result, or ok=false and an error")
-        return self
 
 
 # -- per tool -----------------------------------------------------------------------------------
 
-Timeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
+Timeout = Annotated[float, msgspec.Meta(gt=0, le=MAX_TIMEOUT_S)]
 
 
 class PingArgs(Model):
@@ -83,9 +95,9 @@ class PingArgs(Model):
 
 
 class PingResult(Model):
-    pong: Literal[True] = True
     pid: int
     uptime_s: float
+    pong: bool = True
 
 
 class ShutdownArgs(Model):
@@ -93,7 +105,7 @@ class ShutdownArgs(Model):
 
 
 class ShutdownResult(Model):
-    stopping: Literal[True] = True
+    stopping: bool = True
 
 
 class BashArgs(Model):
@@ -103,7 +115,7 @@ class BashArgs(Model):
 
 class BashResult(Model):
     output: str
-    exit_code: int | None  # None when unknown (the command was killed with the shell)
+    exit_code: Union[int, None]  # None when unknown (the command was killed with the shell)
     timed_out: bool = False
     truncated: bool = False
     shell_restarted: bool = False  # the shell died or had to be killed; its state was lost
@@ -117,49 +129,49 @@ class IPythonArgs(Model):
 class IPythonResult(Model):
     stdout: str = ""
     stderr: str = ""
-    result: str | None = None  # text/plain repr of the cell's value, if any
-    error: str | None = None  # "ExceptionName: message" when the cell raised
-    traceback: str | None = None
+    result: Union[str, None] = None  # text/plain repr of the cell's value, if any
+    error: Union[str, None] = None  # "ExceptionName: message" when the cell raised
+    traceback: Union[str, None] = None
     timed_out: bool = False
     truncated: bool = False
     kernel_busy: bool = False  # the cell ignored the interrupt and is still running
 
 
-class _EditorBase(Model):
+class _EditorBase(Model, tag_field="command"):
+    """Editor arguments: a union tagged by ``command`` (the tag is each class's ``command``)."""
+
+    command: ClassVar[str]
     path: str
 
 
-class ViewArgs(_EditorBase):
-    command: Literal["view"] = "view"
-    view_range: tuple[int, int] | None = None  # 1-based, inclusive; end -1 = to the end
+class ViewArgs(_EditorBase, tag="view"):
+    command: ClassVar[str] = "view"
+    view_range: Union[tuple[int, int], None] = None  # 1-based, inclusive; end -1 = to the end
 
 
-class CreateArgs(_EditorBase):
-    command: Literal["create"] = "create"
+class CreateArgs(_EditorBase, tag="create"):
+    command: ClassVar[str] = "create"
     file_text: str
     overwrite: bool = False
 
 
-class StrReplaceArgs(_EditorBase):
-    command: Literal["str_replace"] = "str_replace"
-    old_str: str = Field(min_length=1)
+class StrReplaceArgs(_EditorBase, tag="str_replace"):
+    command: ClassVar[str] = "str_replace"
+    old_str: Annotated[str, msgspec.Meta(min_length=1)]
     new_str: str = ""
 
 
-class InsertArgs(_EditorBase):
-    command: Literal["insert"] = "insert"
-    insert_line: int = Field(ge=0)  # insert after this line; 0 = at the top
+class InsertArgs(_EditorBase, tag="insert"):
+    command: ClassVar[str] = "insert"
+    insert_line: Annotated[int, msgspec.Meta(ge=0)]  # insert after this line; 0 = at the top
     new_str: str
 
 
-class UndoArgs(_EditorBase):
-    command: Literal["undo"] = "undo"
+class UndoArgs(_EditorBase, tag="undo"):
+    command: ClassVar[str] = "undo"
 
 
-EditorArgs = Annotated[
-    Union[ViewArgs, CreateArgs, StrReplaceArgs, InsertArgs, UndoArgs],
-    Field(discriminator="command"),
-]
+EditorArgs = Union[ViewArgs, CreateArgs, StrReplaceArgs, InsertArgs, UndoArgs]
 
 
 class EditorResult(Model):
@@ -169,15 +181,15 @@ class EditorResult(Model):
 
 
 class SearchArgs(Model):
-    query: str = Field(min_length=1)
-    k: int = Field(default=5, ge=1, le=100)
+    query: Annotated[str, msgspec.Meta(min_length=1)]
+    k: Annotated[int, msgspec.Meta(ge=1, le=100)] = 5
 
 
 class SearchHit(Model):
     id: str
-    title: str = ""
     text: str
     score: float
+    title: str = ""
 
 
 class SearchResult(Model):
@@ -192,32 +204,39 @@ TOOLS: dict[str, tuple[Any, type[Model]]] = {
     "editor": (EditorArgs, EditorResult),
     "search": (SearchArgs, SearchResult),
 }
-_ADAPTERS: dict[str, TypeAdapter] = {}
+_REQUEST_DECODER = msgspec.json.Decoder(Request)
+_ENCODER = msgspec.json.Encoder()
 
 
-def args_adapter(tool: str) -> TypeAdapter:
-    """The validator of ``tool``'s arguments (KeyError for an unknown tool)."""
-    if tool not in _ADAPTERS:
-        _ADAPTERS[tool] = TypeAdapter(TOOLS[tool][0])
-    return _ADAPTERS[tool]
+def parse_args(tool: str, args: dict[str, Any]) -> Any:
+    """``tool``'s validated arguments (KeyError for an unknown tool, ValidationError for bad ones)."""
+    return msgspec.convert(args, TOOLS[tool][0])
+
+
+def parse_request(body: bytes) -> Request:
+    """The request envelope of a frame body; ValidationError (a ValueError) when it is not one."""
+    try:
+        return _REQUEST_DECODER.decode(body)
+    except msgspec.DecodeError as exc:  # not JSON at all: the same error family for the server
+        raise ValidationError(str(exc)) from exc
+
+
+def parse_response(body: bytes) -> Response:
+    return msgspec.json.decode(body, type=Response)
 
 
 def result_model(tool: str) -> type[Model]:
     return TOOLS[tool][1]
 
 
-def ok_body(request_id: int | str, result: BaseModel) -> bytes:
+def ok_body(request_id: int | str, result: Model) -> bytes:
     """The JSON of a successful :class:`Response` (built without a dict round trip)."""
-    return b'{"id":%s,"ok":true,"result":%s}' % (
-        json.dumps(request_id).encode(),
-        result.model_dump_json().encode(),
-    )
+    return b'{"id":%s,"ok":true,"result":%s}' % (_ENCODER.encode(request_id), _ENCODER.encode(result))
 
 
 def error_body(request_id: int | str | None, code: str, message: str) -> bytes:
     """The JSON of an error :class:`Response`."""
-    error = {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
-    return json.dumps(error, separators=(",", ":")).encode()
+    return _ENCODER.encode({"id": request_id, "ok": False, "error": {"code": code, "message": message}})
 
 
 # -- framing ------------------------------------------------------------------------------------
@@ -234,11 +253,11 @@ def frame(body: bytes) -> bytes:
     return len(body).to_bytes(HEADER_BYTES, "big") + body
 
 
-def encode(message: dict[str, Any] | BaseModel) -> bytes:
+def encode(message: dict[str, Any] | Model) -> bytes:
     """A message (a dict, or a model without its unset optional fields) as one frame."""
-    if isinstance(message, BaseModel):
-        message = {k: v for k, v in message.model_dump(mode="json").items() if v is not None}
-    return frame(json.dumps(message, separators=(",", ":")).encode())
+    if isinstance(message, Model):
+        message = {k: v for k, v in message.to_dict().items() if v is not None}
+    return frame(_ENCODER.encode(message))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> bytes | None:

@@ -20,10 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import ValidationError
 
 from .errors import ToolError
-from .protocol import SearchArgs, SearchHit, SearchResult
+from .protocol import SearchArgs, SearchHit, SearchResult, ValidationError
 
 
 @runtime_checkable
@@ -144,8 +143,8 @@ class SearchTool:
             )
         hits = await asyncio.to_thread(self.backend.search, args.query, args.k)
         try:
-            return SearchResult(hits=[SearchHit.model_validate(hit) for hit in hits])
-        except ValidationError as exc:
+            return SearchResult(hits=[SearchHit.parse(hit) for hit in hits])
+        except ValidationError as exc:  # a ValueError
             raise ToolError(
                 f"the search backend returned a malformed hit: {exc}", "search_failed"
             ) from exc

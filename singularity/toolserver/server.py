@@ -2,7 +2,7 @@
 
 Threads: the asyncio loop (connections, bash, editor, search; on uvloop when it is installed,
 about 25 % less latency per call) runs in the ``toolserver-io`` thread; the main thread runs
-IPython cells (see :mod:`.mainthread` for why). Start-up imports only asyncio, pydantic and
+IPython cells (see :mod:`.mainthread` for why). Start-up imports only asyncio, msgspec and
 the protocol; ptyprocess is loaded when the shell is spawned (just
 after the READY line), IPython on the first ``ipython`` call and bm25s on the first ``search``.
 
@@ -233,13 +233,13 @@ class ToolServer:
         """(id, handler, validated args), or a ToolError carrying ``request_id``."""
         request_id = None
         try:
-            request = protocol.Request.model_validate_json(body)
+            request = protocol.parse_request(body)
             request_id = request.id
             handler = self.tools.get(request.tool)
             if handler is None:
                 tools = ", ".join(self.tools)
                 raise ToolError(f"no tool {request.tool!r}; tools: {tools}", "unknown_tool")
-            args = protocol.args_adapter(request.tool).validate_python(request.args)
+            args = protocol.parse_args(request.tool, request.args)
         except ToolError as exc:
             exc.request_id = request_id
             raise
