@@ -181,9 +181,11 @@ def questions() -> list[dict[str, Any]]:
 
     def add(question: str, answer: str, answer_type: str, docs: list[str], tolerance: float = 0.0,
             aliases: tuple[str, ...] = ()) -> None:
+        # an answer stated in a passage, as opposed to one computed from the passages' numbers
+        computed = answer_type == "numeric" and tolerance > 0 and answer != "5730"
         rows.append({"id": f"stem-{len(rows) + 1:03d}", "question": question, "answer": answer,
                      "aliases": list(aliases), "answer_type": answer_type, "tolerance": tolerance,
-                     "supporting_doc_ids": docs})
+                     "supporting_doc_ids": docs, "requires_computation": computed})
 
     for slug, name in (("water", "water (H2O)"), ("carbon-dioxide", "carbon dioxide (CO2)"),
                        ("glucose", "glucose (C6H12O6)"), ("sodium-chloride", "sodium chloride (NaCl)"),

@@ -97,13 +97,14 @@ def grade(prediction: str | None, answer: str, *, aliases: Sequence[str] = (), a
     normalized = normalize_text(prediction)
     if answer_type == "numeric":
         value = parse_number(prediction)
-        for candidate in gold:
-            target = parse_number(candidate)
-            if value is not None and target is not None and numbers_close(value, target, tolerance):
-                return Grade(True, "numeric", _format(value), gold)
-        # a numeric question whose gold is also written in words ("two") still matches as text
-        if normalized and any(normalized == normalize_text(g) for g in gold):
-            return Grade(True, "exact", normalized, gold)
+        targets = [parse_number(candidate) for candidate in gold]
+        if value is not None and any(t is not None and numbers_close(value, t, tolerance) for t in targets):
+            return Grade(True, "numeric", _format(value), gold)
+        # words against words only ("two" for an alias "two"): stripping punctuation from numbers
+        # would make "-18.015" equal "18.015"
+        if value is None and normalized:
+            if any(t is None and normalized == normalize_text(g) for g, t in zip(gold, targets)):
+                return Grade(True, "exact", normalized, gold)
         return Grade(False, "none", _format(value) if value is not None else normalized, gold)
     if normalized == normalize_text(answer):
         return Grade(True, "exact", normalized, gold)

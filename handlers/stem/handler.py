@@ -1,14 +1,15 @@
 """StemHandler: answer a science question with a search tool over a shipped corpus and python.
 
 INIT normalises the instance (``instances``); the sandbox it starts has the shipped corpus
-(``data/corpus.jsonl``) bound read-only at ``/data/stem`` and its tool server indexes it with
-BM25 on the first search. RUN is the shared agent loop with ``search``, ``python`` and
+(``data/corpus.jsonl``) bound read-only at ``/data/stem``, and one search there builds the tool
+server's BM25 index before RUN. RUN is the shared agent loop with ``search``, ``python`` and
 ``finish``; the final answer is the ``finish`` tool's ``answer`` or, in a reply without tool
 calls, the last ``\\boxed{}`` or "Answer: ..." line. EVAL grades it (``grading``): normalized
 exact match with aliases, or a relative numeric tolerance.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,10 +47,22 @@ class StemHandler(AgentHandler):
                               search_corpus=f"{CORPUS_MOUNT}/{CORPUS_NAME}")
 
     async def init(self, job: JobContext) -> dict[str, Any]:
-        """Return ``{"messages", "gold", "max_iterations", "metadata"}``."""
+        """Return ``{"messages", "gold", "max_iterations", "metadata", "index_warmup_s"}``.
+
+        The tool server builds its BM25 index on the first search (about 1 s, mostly importing
+        bm25s/numpy/scipy: ``python -m bench.stem_search``); one search here pays that in INIT,
+        which holds no LLM backend, instead of in the agent's first tool call. A corpus that cannot
+        be indexed fails INIT with the reason.
+        """
         normalized = normalize_instance(job.instance)
+        warmup = None
+        if job.sandbox is not None:
+            started = time.monotonic()
+            await job.sandbox.search("index warm-up", k=1)
+            warmup = round(time.monotonic() - started, 4)
         return {"messages": normalized.messages, "gold": normalized.gold(),
-                "max_iterations": normalized.max_iterations, "metadata": normalized.metadata}
+                "max_iterations": normalized.max_iterations, "metadata": normalized.metadata,
+                "index_warmup_s": warmup}
 
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
         """The agent loop's outcome (``answer``, ``finish_reason``, ``iterations``, tool counts)."""
@@ -74,6 +87,12 @@ class StemHandler(AgentHandler):
         """Same keys as ``run``, so EVAL grades it as "no answer" (reward 0)."""
         return {"answer": None, "finish_reason": "error", "iterations": None, "tool_calls": None,
                 "tool_errors": None, "error": f"{type(error).__name__}: {error}"}
+
+    def final_result(self, job: JobContext) -> dict[str, Any]:
+        """The run's outcome in ``artifacts``: the answer and how the agent got there."""
+        keys = ("answer", "finish_reason", "iterations", "tool_calls", "tool_errors", "tool_log")
+        return {"artifacts": {**{key: job.run_result.get(key) for key in keys},
+                              "index_warmup_s": job.init_result.get("index_warmup_s")}}
 
     @staticmethod
     def _gold(job: JobContext) -> dict[str, Any]:
