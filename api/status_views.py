@@ -27,7 +27,7 @@ def service_status(services: Services) -> dict[str, Any]:
     counts = services.store.status_counts()
     broker = get_redis(services.settings.effective_broker_url)
     depth = {stage: broker.llen(keys.broker_queue(stage.value)) for stage in Stage}
-    workers = live_workers(services.redis)
+    workers = live_workers(services.redis, services.settings.heartbeat_s)
     return {
         "state": "started" if services.store.service_started() else "stopped",
         "stages": {stage.value: {"queued": counts[stage.pending.value], "active": counts[stage.active.value],

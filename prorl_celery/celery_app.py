@@ -38,6 +38,11 @@ def create_celery() -> Celery:
         # the stage claim in the job store already turns any redelivery into a no-op
         task_acks_late=False,
         worker_prefetch_multiplier=1,  # a busy worker must not hoard long jobs
+        # and with early acks it still would: acked (running) tasks leave the prefetch window, so
+        # a worker running c stages reserves c more, which a SIGKILL or a lost node strands in
+        # the broker's unacked set until the visibility timeout (hours). Fetch only into a free
+        # thread instead (Celery >= 5.6, Redis broker).
+        worker_disable_prefetch=True,
         worker_pool="threads",  # stages wait on I/O; each thread runs its own event loop
         worker_concurrency=16,
         worker_hijack_root_logger=False,
@@ -46,12 +51,12 @@ def create_celery() -> Celery:
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         broker_transport_options=transport,
+        broker_use_ssl=broker_ssl_options(settings.effective_broker_url),
         broker_connection_retry_on_startup=True,
         broker_pool_limit=64,
     )
     return app
 
-        broker_use_ssl=broker_ssl_options(settings.effective_broker_url),
 
 app = create_celery()
 

@@ -6,7 +6,8 @@ key                                type    meaning
 prorl:job:<id>                     hash    job record: task, status, payload, stage results,
                                            timer (budget_s, active_s, resumed_at), stage
                                            durations (init_s, run_s, eval_s), backend, result,
-                                           lease_until of the executing stage
+                                           lease_until of the executing stage, <stage>_node
+                                           (where it ran), run_queue (run.<node> if node-local)
 prorl:job:<id>:done                stream  one entry when the job ends; waiters XREAD it, so a
                                            waiter that arrives late still sees it
 prorl:jobs:recent                  zset    job id -> creation time (trimmed), for listings

@@ -2,8 +2,10 @@
 
 A stage's lease starts when it is claimed (``status_at``) and is renewed every ``lease_s / 3``
 by a thread of the worker process executing it. One reaper at a time (a Redis lock with a TTL,
-so a dead reaper's lock lapses) ends every job in an executing status whose lease has run out.
-A stage that comes back after being reaped finds the job terminal: its transitions are no-ops.
+so a dead reaper's lock lapses) ends every job in an executing status whose lease has run out,
+and every node-local job waiting in ``run.<node>`` for a node that has no live RUN worker any
+more (its node died or was cut off: nobody else may consume that queue). A stage that comes
+back after being reaped finds the job moved on: its transitions are no-ops.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections.abc import Callable
 import redis
 
 from . import keys
+from .nodes import live_queues
 from .status import JobStatus, Stage
 from .store import JobStore, load_script
 
@@ -90,37 +93,59 @@ def expired_jobs(store: JobStore, lease_s: float) -> list[tuple[str, Stage]]:
 
 #: fields of an attempt that a retry from INIT starts without
 RETRY_RESET = {"init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
-               "backend": "", "critical_error": "", "error": None}
+               "backend": "", "critical_error": "", "error": None, "run_queue": "",
+               "init_node": "", "run_node": "", "eval_node": ""}
+
+
+def stranded_jobs(store: JobStore, live: set[tuple[str, str]]) -> list[str]:
+    """Jobs waiting in ``run.<node>`` whose node has no live worker on that queue: the node that
+    ran their INIT (and holds their sandbox) is gone, so no RUN will ever claim them."""
+    job_ids = store.active_job_ids()
+    if not job_ids:
+        return []
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hmget(keys.job(job_id), ["status", "run_queue", "init_node"])
+    return [job_id for job_id, (status, queue, node) in zip(job_ids, pipe.execute())
+            if status == JobStatus.PENDING_RUN.value and queue and (node, queue) not in live]
 
 
 def give_up(store: JobStore, job_id: str, stage: Stage, reason: str,
-            retry: Callable[[str], None] | None = None) -> bool:
-    """Take a job away from the attempt executing ``stage``: retry it from INIT while its
-    ``attempt`` is below its ``max_attempts`` (``retry(job_id)`` enqueues INIT), else end it
-    as ``failed``. Attempt-guarded, so that attempt's own stage can no longer move the job."""
+            retry: Callable[[str], None] | None = None, *, status: JobStatus | None = None) -> bool:
+    """Take a job away from the attempt executing ``stage`` (or, with ``status``, waiting in
+    it): retry it from INIT while its ``attempt`` is below its ``max_attempts``
+    (``retry(job_id)`` enqueues INIT), else end it as ``failed``. Attempt-guarded, so that
+    attempt's own stage can no longer move the job."""
+    status = status or stage.active
     attempt, max_attempts = (int(v or 1) for v in store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts"]))
     if retry is not None and attempt < max_attempts:
-        moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=stage.active,
+        moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=status,
                                  attempt=attempt, fields={**RETRY_RESET, "attempt": attempt + 1, "retry_reason": reason})
         if moved.ok:
             log.warning("job %s: %s; retrying from INIT (attempt %d)", job_id, reason, attempt + 1)
             retry(job_id)
         return moved.ok
-    ended = store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=stage.active, attempt=attempt,
+    ended = store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=status, attempt=attempt,
                              fields={"critical_error": stage.value, "error": reason})
     if ended.ok:
         log.warning("job %s: %s", job_id, reason)
     return ended.ok
 
 
-def reap_expired(store: JobStore, lease_s: float,
-                 retry: Callable[[str], None] | None = None) -> list[str]:
-    """Give up every job whose stage lost its worker (see ``give_up``); returns their ids."""
+def reap_expired(store: JobStore, lease_s: float, retry: Callable[[str], None] | None = None,
+                 heartbeat_s: float | None = None) -> list[str]:
+    """Give up every job whose stage lost its worker, and (given ``heartbeat_s``) every job
+    stranded in a dead node's RUN queue (see ``give_up``); returns their ids."""
     reaped = []
     for job_id, stage in expired_jobs(store, lease_s):
         reason = f"worker lost during {stage.value}: its lease expired (no heartbeat for {lease_s:.0f} s)"
         if give_up(store, job_id, stage, reason, retry):
             reaped.append(job_id)
+    if heartbeat_s is not None:
+        for job_id in stranded_jobs(store, live_queues(store.redis, heartbeat_s)):
+            reason = "node lost while the job waited for RUN: no live RUN worker on its INIT node"
+            if give_up(store, job_id, Stage.RUN, reason, retry, status=JobStatus.PENDING_RUN):
+                reaped.append(job_id)
     return reaped
 
 
@@ -131,8 +156,8 @@ class Reaper:
     def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float,
                  retry: Callable[[str], None] | None = None,
                  on_reaped: Callable[[list[str]], None] = lambda job_ids: None,
-                 every_tick: Callable[[], object] = lambda: None) -> None:
-        self.store, self.owner, self.retry = store, owner, retry
+                 every_tick: Callable[[], object] = lambda: None, heartbeat_s: float | None = None) -> None:
+        self.store, self.owner, self.retry, self.heartbeat_s = store, owner, retry, heartbeat_s
         self.on_reaped, self.every_tick = on_reaped, every_tick
         self.lease_s, self.interval_s = lease_s, interval_s
         self._stop = threading.Event()
@@ -151,7 +176,7 @@ class Reaper:
                 if self.store.redis.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s) or \
                         self.store.redis.get(keys.REAPER_LOCK) == self.owner:
                     self.store.redis.expire(keys.REAPER_LOCK, lock_s)
-                    reaped = reap_expired(self.store, self.lease_s, self.retry)
+                    reaped = reap_expired(self.store, self.lease_s, self.retry, self.heartbeat_s)
                     if reaped:
                         self.on_reaped(reaped)
             except Exception as error:  # noqa: BLE001 - the reaper must keep running

@@ -1,4 +1,5 @@
-"""Which workers are alive on which node, from the heartbeats workers write every 5 s."""
+"""Which workers are alive on which node, from the heartbeats workers write every
+``PRORL_HEARTBEAT_S`` (default 5 s)."""
 from __future__ import annotations
 
 import time
@@ -8,16 +9,19 @@ import redis
 
 from . import keys
 
-#: how often a worker writes its heartbeat
-HEARTBEAT_S = 5.0
-#: a worker whose last heartbeat is older than this is taken for dead
-WORKER_STALE_S = 30.0
+#: a worker that missed this many heartbeats in a row is taken for dead
+STALE_BEATS = 6
 
 
-def live_workers(client: redis.Redis, now: float | None = None) -> list[dict[str, Any]]:
+def stale_after_s(heartbeat_s: float) -> float:
+    """Seconds without a heartbeat after which a worker (and its node's queue) counts as lost."""
+    return heartbeat_s * STALE_BEATS
+
+
+def live_workers(client: redis.Redis, heartbeat_s: float, now: float | None = None) -> list[dict[str, Any]]:
     """Every worker seen recently: name, node, queues and seconds since its last heartbeat."""
     now = time.time() if now is None else now
-    seen = client.zrangebyscore(keys.WORKERS, now - WORKER_STALE_S, "+inf", withscores=True)
+    seen = client.zrangebyscore(keys.WORKERS, now - stale_after_s(heartbeat_s), "+inf", withscores=True)
     pipe = client.pipeline(transaction=False)
     for name, _ in seen:
         pipe.hgetall(keys.worker(name))
@@ -25,6 +29,11 @@ def live_workers(client: redis.Redis, now: float | None = None) -> list[dict[str
              "last_seen_s": round(now - beat, 3)} for (name, beat), info in zip(seen, pipe.execute())]
 
 
-def has_live_worker(client: redis.Redis, node: str, queue: str) -> bool:
+def live_queues(client: redis.Redis, heartbeat_s: float) -> set[tuple[str, str]]:
+    """(node, queue) of every live worker: one read for many checks (the reaper)."""
+    return {(w["node"], queue) for w in live_workers(client, heartbeat_s) for queue in w["queues"]}
+
+
+def has_live_worker(client: redis.Redis, node: str, queue: str, heartbeat_s: float) -> bool:
     """Is a worker on ``node`` consuming ``queue`` (for example ``run.<node>``)?"""
-    return any(w["node"] == node and queue in w["queues"] for w in live_workers(client))
+    return (node, queue) in live_queues(client, heartbeat_s)

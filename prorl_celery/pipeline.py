@@ -18,12 +18,12 @@ from handlers import AgentHandler, EvalResult, JobContext, UnknownTaskError, get
 
 from .aio import run_coro, thread_loop
 from .celery_app import enqueue, node_queue
-from .errors import JobCancelled, StageTimeout
+from .errors import JobCancelled, JobNotFound, StageTimeout
 from .llm.backends import make_backend
 from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
-from .nodes import HEARTBEAT_S, has_live_worker
+from .nodes import has_live_worker
 from .sandboxing import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
@@ -37,12 +37,13 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
     # watch before claiming: a cancel landing right after the claim still wakes the stage
     cancelled = services.cancel_watcher.watch(job_id, thread_loop())
     try:
-        claim = services.store.claim_stage(job_id, stage, {"node": services.settings.node,
+        node = services.settings.node  # <stage>_node: where each stage of this attempt ran
+        claim = services.store.claim_stage(job_id, stage, {"node": node, f"{stage.value}_node": node,
                                                            "worker_pid": os.getpid()})
         if not claim.ok:
             log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
-            if stage is Stage.RUN and claim.previous and claim.previous.terminal:
-                _close_abandoned_sandbox(services, job_id)
+            if stage is Stage.RUN and claim.previous:
+                _close_abandoned_sandboxes(services, job_id, claim.previous)
             return
         services.leases.hold(job_id)
         started = time.monotonic()
@@ -62,11 +63,20 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
         services.cancel_watcher.unwatch(job_id, cancelled)
 
 
-def _close_abandoned_sandbox(services: Services, job_id: str) -> None:
-    """A job cancelled while waiting for RUN left its sandbox on this node: stop it."""
-    sandbox = services.store.load(job_id).get("sandbox")
-    if sandbox:
-        run_coro(_close_sandbox(services, sandbox))
+def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatus) -> None:
+    """A job that ended, or was retried from INIT, while its RUN message waited here left its
+    sandbox on this node: stop every sandbox of the job here but the current attempt's."""
+    try:
+        current = services.store.load(job_id).get("sandbox")
+    except JobNotFound:
+        return
+    if status.terminal and current:
+        run_coro(_close_sandbox(services, current))
+    keep = None if status.terminal else (current or {}).get("id")
+    for entry in services.sandboxes.ledger.list(services.settings.node):
+        if entry.job_id == job_id and entry.sandbox_id != keep:
+            # without "workspace": the directory is the job's, maybe in use by a later attempt
+            run_coro(_close_sandbox(services, {"id": entry.sandbox_id, "node": entry.node}))
 
 
 def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:
@@ -155,17 +165,20 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
             "error": f"no live RUN worker on node {services.settings.node} for this node-local job; "
                      f"start `celery -A prorl_celery worker -Q run` there"})
         return
-    if store.hand_over(job.job_id, Stage.INIT, {"init_result": job.init_result}, attempt=job.attempt).ok:
+    # run_queue tells the reaper which node must stay alive for this job to be run at all
+    fields = {"init_result": job.init_result, "run_queue": queue or ""}
+    if store.hand_over(job.job_id, Stage.INIT, fields, attempt=job.attempt).ok:
         enqueue(Stage.RUN, job.job_id, queue=queue)
     else:  # cancelled meanwhile: nobody will run it
         await _close_sandbox(services, sandbox)
 
 
-async def _run_worker_appears(services: Services, queue: str, grace_s: float = 2 * HEARTBEAT_S) -> bool:
+async def _run_worker_appears(services: Services, queue: str) -> bool:
     """Is a RUN worker of this node alive? Waits up to two heartbeats for one to show up, so a
     missed beat (or a Redis restart) does not fail a job."""
-    deadline = time.monotonic() + grace_s
-    while not has_live_worker(services.redis, services.settings.node, queue):
+    heartbeat_s = services.settings.heartbeat_s
+    deadline = time.monotonic() + 2 * heartbeat_s
+    while not has_live_worker(services.redis, services.settings.node, queue, heartbeat_s):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(0.5)

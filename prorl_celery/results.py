@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .status import JobStatus
+from .status import JobStatus, Stage
 from .store import JobStore
 
 
@@ -27,6 +27,7 @@ def build_result(store: JobStore, record: dict[str, Any]) -> dict[str, Any]:
         "backend": record.get("backend") or None,
         "generation": int(record["generation"]) if record.get("generation") else None,
         "attempt": int(record.get("attempt") or 1),
+        "nodes": {stage.value: record.get(f"{stage.value}_node") or None for stage in Stage},
         "trajectory": trajectory,
         "messages": (trajectory or {}).get("messages", []),
         "eval": record.get("eval") or {},

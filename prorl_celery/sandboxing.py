@@ -83,7 +83,8 @@ class JobSandboxes:
             report = await asyncio.to_thread(stop_recorded, self.ledger, record, allocator=self.allocator)
             if report.left:
                 log.error("sandbox %s: pids %s survived SIGKILL", sandbox["id"], report.left)
-        shutil.rmtree(sandbox["workspace"], ignore_errors=True)
+        if sandbox.get("workspace"):
+            shutil.rmtree(sandbox["workspace"], ignore_errors=True)
 
     def reap_dead_owners(self) -> int:
         """Stop the sandboxes on this node whose worker process died; returns how many."""

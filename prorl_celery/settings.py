@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(20.0, ge=0, description="on SIGTERM, time in-flight stages get to finish")
     lease_s: float = Field(30.0, gt=0, description="a stage whose worker is silent this long is failed")
     reaper_interval_s: float = Field(5.0, gt=0, description="how often the lease reaper looks")
+    heartbeat_s: float = Field(5.0, gt=0, description="worker heartbeat period; silent for 6 of them = dead")
 
     task_events: bool = Field(False, description="workers send Celery task events (Flower) from start")
 

@@ -63,8 +63,9 @@ NON_TERMINAL = frozenset(set(JobStatus) - TERMINAL)
 
 #: to-status -> the statuses it may be entered from
 ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
-    # by creation, or a retry from INIT after the stage's worker was lost
-    JobStatus.PENDING_INIT: frozenset({JobStatus.INIT, JobStatus.RUN, JobStatus.EVAL}),
+    # by creation, or a retry from INIT after the stage's worker (or, from pending_run, the
+    # node its RUN must run on) was lost
+    JobStatus.PENDING_INIT: frozenset({JobStatus.INIT, JobStatus.PENDING_RUN, JobStatus.RUN, JobStatus.EVAL}),
     JobStatus.INIT: frozenset({JobStatus.PENDING_INIT}),
     JobStatus.PENDING_RUN: frozenset({JobStatus.INIT}),
     JobStatus.RUN: frozenset({JobStatus.PENDING_RUN}),

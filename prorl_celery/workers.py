@@ -18,7 +18,7 @@ from handlers import load_handlers
 from . import keys
 from .celery_app import enqueue, node_queue
 from .leases import Reaper, give_up
-from .nodes import HEARTBEAT_S
+from .nodes import STALE_BEATS
 from .services import get_services
 from .status import Stage
 
@@ -57,7 +57,7 @@ def start_heartbeat(sender, **_: object) -> None:
            interval_s=services.settings.reaper_interval_s,
            retry=_retry_from_init,
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
-           every_tick=_reap_sandboxes).start()
+           every_tick=_reap_sandboxes, heartbeat_s=services.settings.heartbeat_s).start()
 
 
 @worker_shutting_down.connect
@@ -120,9 +120,9 @@ def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
         try:
             pipe = services.redis.pipeline(transaction=False)
             pipe.hset(keys.worker(name), mapping=info)
-            pipe.expire(keys.worker(name), int(HEARTBEAT_S * 6))
+            pipe.expire(keys.worker(name), max(1, int(services.settings.heartbeat_s * STALE_BEATS)))
             pipe.zadd(keys.WORKERS, {name: time.time()})
             pipe.execute()
         except Exception as error:  # noqa: BLE001 - a missed beat only ages the entry
             log.warning("heartbeat failed: %s", error)
-        _stop.wait(HEARTBEAT_S)
+        _stop.wait(services.settings.heartbeat_s)
