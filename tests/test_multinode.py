@@ -24,7 +24,10 @@ import pytest
 import redis
 
 from prorl_celery import keys
+from prorl_celery.leases import reap_expired
 from prorl_celery.local import ManagedProcess, free_port, wait_until
+from prorl_celery.status import JobStatus, Stage
+from prorl_celery.store import JobStore
 from tests.conftest import RULES
 from tests.support.multinode import MultiNodeCluster, Node
 from tests.support.netns import Namespaces, NetnsUnavailable
@@ -164,6 +167,40 @@ def cut_mid_run(jobs: Jobs, victim: Node, cut, count: int = 18, run_s: float = 4
     assert reasons["worker lost during run"] >= 1 and reasons["node lost while the job waited for RUN"] >= 1, reasons
     return {"victim_jobs": len(on_victim), "slowest_end_after_cut_s": round(max(ended_after.values()), 1),
             "reasons": dict(reasons)}
+
+
+def test_reaper_retries_only_jobs_stranded_in_a_dead_nodes_run_queue(redis_url):
+    """The reaper's second duty, against a real redis-server: a node-local job queued for a
+    node without a live RUN worker goes back to INIT (or fails when out of attempts); one
+    queued for a live node, or on the shared queue, is left alone."""
+    client = redis.Redis.from_url(redis_url + "/6", decode_responses=True)
+    client.flushdb()
+    store = JobStore(client, result_ttl_s=60)
+    now = time.time()
+    for name, node, beat in (("run-live@h", "live", now), ("run-dead@h", "dead", now - 7)):  # 7 s > 6 beats
+        client.zadd(keys.WORKERS, {name: beat})
+        client.hset(keys.worker(name), mapping={"node": node, "queues": f"run,run.{node}"})
+
+    def queued(job_id: str, node: str, run_queue: str, max_attempts: int = 2) -> None:
+        store.create(job_id, {"task": "localfault", "instance": {}, "budget_s": 10, "attempt": 1,
+                              "max_attempts": max_attempts})
+        store.claim_stage(job_id, Stage.INIT, {"init_node": node})
+        assert store.hand_over(job_id, Stage.INIT, {"run_queue": run_queue}, attempt=1).ok
+
+    queued("on-dead", "dead", "run.dead")
+    queued("on-dead-last-attempt", "dead", "run.dead", max_attempts=1)
+    queued("on-live", "live", "run.live")
+    queued("shared", "dead", "")
+    retried = []
+    reaped = reap_expired(store, lease_s=3, retry=retried.append, heartbeat_s=1)
+    assert sorted(reaped) == ["on-dead", "on-dead-last-attempt"] and retried == ["on-dead"]
+    record = store.load("on-dead")
+    assert (record["status"], record["attempt"], record["init_node"], record["run_queue"]) == ("pending_init", "2", "", "")
+    assert record["retry_reason"].startswith("node lost while the job waited for RUN")
+    failed = store.load("on-dead-last-attempt")
+    assert (failed["status"], failed["critical_error"]) == ("failed", "run") and "node lost" in failed["error"]
+    assert store.status("on-live") is JobStatus.PENDING_RUN and store.status("shared") is JobStatus.PENDING_RUN
+    client.flushdb()
 
 
 def test_three_nodes_on_loopback_survive_a_killed_node(qwen3_tokenizer, tmp_path):
