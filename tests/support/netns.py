@@ -118,7 +118,7 @@ class Namespaces:
 
 def remove_stale() -> None:
     """Delete namespaces and bridges left by test processes that died without tearing down."""
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    listing = ip("netns", "list")
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
         if not name.startswith(PREFIX):
