@@ -103,7 +103,7 @@ def element_passage(number: int, symbol: str, name: str, mass: float | None) -> 
         parts.append("It is a gas at room temperature and standard pressure.")
     elif number in _LIQUIDS:
         parts.append("It is a liquid at room temperature and standard pressure.")
-    elif number <= 99:
+    elif number <= 99 and number not in (85, 87):  # astatine and francium were never seen in bulk
         parts.append("It is a solid at room temperature.")
     return {"id": f"element-{name}", "title": f"{title} (element {number})", "text": " ".join(parts)}
 
@@ -116,8 +116,8 @@ def constant_passage(slug: str, name: str, symbol: str, value: str, unit: str, e
         exactness = "It is exact in the SI, being derived from defining constants (the value shown may be rounded)."
     else:
         exactness = "This is the CODATA 2022 recommended value, which has a measurement uncertainty."
-    text = f"The {name[0].lower() + name[1:]} ({symbol}) has the value {value} {unit}. {exactness} {note}"
-    return {"id": f"constant-{slug}", "title": f"{name} (physical constant)", "text": text}
+    text = f"The {name} ({symbol}) has the value {value} {unit}. {exactness} {note}"
+    return {"id": f"constant-{slug}", "title": f"{name[0].upper() + name[1:]} (physical constant)", "text": text}
 
 
 def planet_passage(index: int, planet: tuple[Any, ...]) -> dict[str, str]:
