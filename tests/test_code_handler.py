@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,12 @@ def test_processes_left_by_a_solution_are_killed(sandbox):
     assert "time.sleep(300)" not in asyncio.run(processes())
 
 
+def test_a_fork_bomb_is_contained_and_the_next_test_runs(sandbox):
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    assert [v["verdict"] for v in evaluate(sandbox, _tiny(), bomb).details["verdicts"]] == ["time_limit"]
+    assert evaluate(sandbox, _tiny(), "print(3)\n").reward == 1.0  # the sandbox has room for the next one
+
+
 def test_pytest_style_needs_the_harness_to_report_success(sandbox):
     instance = {"problem": "Write f.", "test_code": "from solution import f\n\ndef test_f():\n    assert f(2) == 4\n"}
     assert evaluate(sandbox, instance, "def f(x):\n    return 2 * x\n").reward == 1.0
@@ -273,7 +280,9 @@ def test_call_style_with_a_solution_class_and_runtime_errors(sandbox):
 
 def test_expected_outputs_never_enter_the_sandbox(sandbox):
     problem = PROBLEMS["code-006"]
-    evaluate(sandbox, problem, SOLUTIONS["code-006"]["wrong"])
+    for old in sandbox.workspace.glob(".judge-*"):  # earlier evaluations' results hold real outputs
+        shutil.rmtree(old)
+    assert evaluate(sandbox, problem, "print('no idea')\n").details["counts"] == {"wrong_answer": len(problem["tests"])}
     outputs = [t["output"].strip() for t in problem["tests"] if len(t["output"].strip()) > 20]
     assert outputs
     for path in sandbox.workspace.rglob("*"):
@@ -319,6 +328,13 @@ def test_run_reads_the_file_the_agent_wrote_and_ran(sandbox):
     assert [m["content"].strip() for m in llm.messages if m["role"] == "tool"][1] == "42"
     assert result["tool_calls"] == 3 and result["tool_errors"] == 0
     assert llm.messages[0]["role"] == "system" and "finish" in llm.messages[0]["content"]
+
+
+def test_an_oversized_solution_file_is_no_solution(sandbox):
+    huge = "x = 1\n" * (600 * 1024 // 6)
+    result, _ = run_agent(sandbox, _tiny(), [call("editor", command="create", path="solution.py", file_text=huge),
+                                             call("finish")])
+    assert result["solution"] is None and "more than the" in result["solution_error"]
 
 
 def test_run_takes_a_code_block_reply_when_no_file_was_written(sandbox):

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
-from handlers.code.files import read_file, write_file
+from handlers.code.files import SandboxFileError, read_file, write_file
 from handlers.code.grading import summarize, verdict
 from handlers.code.instances import SOLUTION_FILE, CodeInstance, normalize_instance, validate_instance
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON
@@ -79,9 +79,12 @@ class CodeHandler(AgentHandler):
                          max_iterations=int(setup["max_iterations"]), tool_timeout_s=self.tool_timeout_s,
                          min_context_tokens=self.min_context_tokens, answer_in_text=extract_code)
         outcome = await loop.run(job, llm, setup["messages"])
-        solution, source = None, None
+        solution, source, problem = None, None, None
         if job.sandbox is not None:
-            data = await read_file(job.sandbox, f"/workspace/{SOLUTION_FILE}", max_bytes=MAX_SOLUTION_BYTES)
+            try:
+                data = await read_file(job.sandbox, f"/workspace/{SOLUTION_FILE}", max_bytes=MAX_SOLUTION_BYTES)
+            except SandboxFileError as error:  # too large or unreadable: judged as no solution
+                data, problem = None, str(error)
             if data is not None and data.strip():
                 solution, source = data.decode("utf-8", "replace"), "file"
         if solution is None and outcome.get("answer"):
@@ -89,7 +92,8 @@ class CodeHandler(AgentHandler):
             solution = extract_code(outcome["answer"]) or (outcome["answer"] if outcome["finish_reason"] == "answer" else None)
             source = "text" if solution else None
         artifacts = {SOLUTION_FILE: solution} if solution is not None else {}
-        return {**outcome, "solution": solution, "solution_source": source, "artifacts": artifacts}
+        result = {**outcome, "solution": solution, "solution_source": source, "artifacts": artifacts}
+        return {**result, "solution_error": problem} if problem else result
 
     async def eval(self, job: JobContext) -> EvalResult:
         """Run every hidden test in the fresh sandbox; reward 1.0 only when all pass."""
