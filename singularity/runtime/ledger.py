@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -102,7 +103,9 @@ def stop_recorded(ledger: SandboxLedger, record: SandboxRecord, *,
     The entry is removed (and its address released) only when /proc shows none of its
     processes left, so a failed stop is retried by the next reap.
     """
-    running = procfs.members(record.root, record.pidns, record.refs)
+    # a recent shared snapshot: its root was started long before, and terminate re-checks
+    running = procfs.members(record.root, record.pidns, record.refs,
+                             newer_than=time.monotonic() - procfs.poll_age_s())
     left = procfs.terminate(record.root, record.pidns, record.refs, grace_s) if running else []
     report = ReapReport(sandbox_id=record.sandbox_id, job_id=record.job_id, worker=record.worker,
                         killed=[i.pid for i in running], left=[i.pid for i in left])
