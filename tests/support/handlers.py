@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from handlers import AgentHandler, EvalResult, JobContext
+from handlers import AgentHandler, EvalResult, JobContext, SandboxRequest
 
 
 class FaultHandler(AgentHandler):
@@ -20,6 +20,10 @@ class FaultHandler(AgentHandler):
             await asyncio.sleep(float(job.instance.get(f"{stage}_sleep_s", 0)))
         if job.instance.get("fail") == stage:
             raise RuntimeError(f"scripted failure in {stage}")
+
+    def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
+        """``"sandbox": true`` in the instance: INIT starts one, RUN (on that node) holds it."""
+        return SandboxRequest() if job.instance.get("sandbox") else None
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         await self._act(job, "init")
