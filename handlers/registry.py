@@ -29,6 +29,7 @@ BUILTIN_HANDLERS: dict[str, str] = {
     "math": "handlers.math:MathHandler",
     "noop": "handlers.noop:NoopHandler",
     "stem": "handlers.stem:StemHandler",
+    "swe": "handlers.swe:SweHandler",
 }
 
 
