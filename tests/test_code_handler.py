@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import signal
@@ -255,6 +256,33 @@ def test_a_fork_bomb_is_contained_and_the_next_test_runs(sandbox):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     assert [v["verdict"] for v in evaluate(sandbox, _tiny(), bomb).details["verdicts"]] == ["time_limit"]
     assert evaluate(sandbox, _tiny(), "print(3)\n").reward == 1.0  # the sandbox has room for the next one
+
+
+def test_judge_kills_only_its_own_descendants(tmp_path):
+    """Under a runtime without a pid namespace /proc is the host's: a process that is not the
+    judge's descendant must survive, the solution's daemonized child must not."""
+    import subprocess
+    import sys
+    from importlib import resources
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "judge.py").write_text(resources.files("handlers.code").joinpath("judge.py").read_text())
+        (tmp_path / "solution.py").write_text(
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        open({str(tmp_path / 'daemon.pid')!r}, 'w').write(str(os.getpid()))\n        time.sleep(120)\n"
+            "    os._exit(0)\ntime.sleep(0.5)\nprint(3)\n")
+        test = {"kind": "stdio", "input": "", "time_limit_s": 2, "memory_bytes": 2**30, "output_cap": 4096}
+        (tmp_path / "manifest.json").write_text(json.dumps({"tests": [test]}))
+        subprocess.run([sys.executable, str(tmp_path / "judge.py"), str(tmp_path / "manifest.json"),
+                        str(tmp_path / "results.json")], check=True, timeout=60)
+        report = json.loads((tmp_path / "results.json").read_text())["reports"][0]
+        assert report["stdout"].strip() == "3" and report["stragglers_killed"] >= 1
+        daemon = int((tmp_path / "daemon.pid").read_text())
+        assert not os.path.exists(f"/proc/{daemon}")  # daemonized, reparented to the judge, killed
+        assert bystander.poll() is None  # not a descendant: untouched
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def test_pytest_style_needs_the_harness_to_report_success(sandbox):

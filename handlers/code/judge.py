@@ -9,8 +9,9 @@ RLIMIT_AS (memory), RLIMIT_CPU (CPU seconds), RLIMIT_FSIZE (output size) and RLI
 stdout and stderr to files (no pipe to drain, so a flood cannot block the judge); the judge
 polls ``wait4`` (for CPU time and peak RSS) and SIGKILLs the process group at the wall-clock
 limit (``wall_factor`` times the CPU limit plus a second: CPU time is what is judged, the wall
-clock only stops solutions that sleep or block, with room for a loaded machine). Afterwards every process that did not exist before the test is killed (the sandbox has
-its own pid namespace, so this also catches children that left the session).
+clock only stops solutions that sleep or block, with room for a loaded machine). Afterwards the
+group is killed and so is every other descendant of the judge: it is a child subreaper, so
+children that left the session or daemonized stay below it and are found.
 
 Kinds of test:
 
@@ -38,18 +39,41 @@ STDERR_TAIL = 2000
 FALLBACK_CAP = 8 * 2**20
 
 
-def _pids() -> set[int]:
-    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+def _descendants() -> set[int]:
+    """Every process below this one (the judge is a child subreaper, so orphans stay below it).
+
+    Only descendants are ever killed: under a runtime without a pid namespace (development)
+    /proc shows the whole host, and nothing else may be touched.
+    """
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            parents[int(name)] = int(stat[stat.rindex(b")") + 2:].split()[1])  # field 4: ppid
+    me, found = os.getpid(), set()
+    for pid in parents:
+        chain, cursor = [], pid
+        while cursor in parents and cursor not in (0, 1, me) and cursor not in found:
+            chain.append(cursor)
+            cursor = parents[cursor]
+        if cursor == me or cursor in found:
+            found.update(chain)
+    return found
 
 
-def _kill_new(before: set[int]) -> int:
-    """SIGKILL every process that appeared since ``before`` (not this one): stragglers."""
+def _kill_descendants() -> int:
+    """SIGKILL every process a test left behind (children that left its session included)."""
     killed = 0
-    for _ in range(5):  # a forking straggler may spawn more while we kill
-        new = _pids() - before - {os.getpid()}
-        if not new:
+    for _ in range(20):  # a forking straggler may spawn more while we kill
+        _reap()
+        left = _descendants()
+        if not left:
             break
-        for pid in new:
+        for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
@@ -117,7 +141,6 @@ def run_test(test: dict, index: int, root: str, solution: str, env: dict) -> dic
     wall_limit = time_limit * float(test.get("wall_factor", 3.0)) + 1.0
     cpu_limit = int(time_limit) + 1
     stdout_path, stderr_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
-    before = _pids()
     import subprocess
     with open(stdin_path, "rb") as stdin, open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         started = time.monotonic()
@@ -152,7 +175,7 @@ def run_test(test: dict, index: int, root: str, solution: str, env: dict) -> dic
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    stragglers = _kill_new(before)
+    stragglers = _kill_descendants()
     report = {
         "index": index, "kind": kind, "wall_s": round(wall, 4),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 4),
@@ -188,17 +211,21 @@ def _env(extra: dict) -> dict:
     return env
 
 
-def _not_dumpable() -> None:
-    """Keep same-uid solutions out of this process's memory (/proc/<pid>/mem needs ptrace rights)."""
+def _prctl_setup() -> None:
+    """Not dumpable: same-uid solutions stay out of this process's memory (/proc/<pid>/mem needs
+    ptrace rights). Child subreaper: a solution's orphans are reparented here, not to init, so
+    they can be found and killed."""
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, 1
     except (OSError, AttributeError):
         pass
 
 
 def main(manifest_path: str, results_path: str) -> int:
-    _not_dumpable()
+    _prctl_setup()
     with open(manifest_path, encoding="utf-8") as handle:
         manifest = json.load(handle)
     root = os.path.dirname(os.path.abspath(manifest_path))
