@@ -119,6 +119,18 @@ def test_bad_instances_name_the_field(instance, field):
         CodeHandler().validate_instance(instance)
 
 
+def test_init_touches_no_sandbox_and_keeps_the_tests_out():
+    class NoTouch:
+        def __getattr__(self, name):
+            raise AssertionError(f"INIT used the agent's sandbox: {name}")
+    problem = PROBLEMS["code-006"]
+    job = JobContext(job_id="i", task="code", instance=problem, sandbox=NoTouch())
+    init_result = asyncio.run(CodeHandler().init(job))
+    text = json.dumps(init_result)
+    assert init_result["tests"] == len(problem["tests"]) and init_result["style"] == "stdio"
+    assert not any(t["output"].strip() in text for t in problem["tests"][len(problem["examples"]):])
+
+
 def test_extract_code_takes_the_last_python_block():
     text = "Plan:\n```python\nprint(1)\n```\nFinal:\n```python\nprint(2)\n```\n"
     assert extract_code(text) == "print(2)\n"
