@@ -7,6 +7,7 @@ templates autoescape everything and the scripts write data with ``textContent`` 
 from __future__ import annotations
 
 import hmac
+import json
 from datetime import datetime, timezone
 
 from flask import Blueprint, jsonify, make_response, redirect, render_template, request, url_for
@@ -45,6 +46,13 @@ def _timestamp(value: float | None) -> str:
     if not value:
         return ""
     return datetime.fromtimestamp(float(value), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@bp.app_template_filter("pretty")
+def _pretty(value: object) -> str:
+    """JSON as plain text (autoescaped by the template), unlike ``tojson`` which is markup
+    for script contexts and would show ``<`` as ``\\u003c``."""
+    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
 
 
 @bp.app_template_filter("secs")

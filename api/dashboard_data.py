@@ -153,7 +153,9 @@ def job_page(services: Services, *, status: str | None = None, task: str | None 
     scanned = 0
     exhausted = False
     while len(rows) < limit and scanned < SCAN_LIMIT:
-        chunk = _index_chunk(client, position, min(SCAN_CHUNK, SCAN_LIMIT - scanned))
+        # unfiltered, every id makes a row: read no more than the page needs
+        wanted = SCAN_CHUNK if (status or task) else limit - len(rows)
+        chunk = _index_chunk(client, position, min(wanted, SCAN_LIMIT - scanned))
         if not chunk:
             exhausted = True
             break

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -21,6 +20,8 @@ log = logging.getLogger(__name__)
 
 #: tokens shown in the token view; a longer trajectory shows its first ones and says so
 TOKEN_VIEW_LIMIT = 20_000
+#: logprob shown with the darkest shade in the token view
+LOGPROB_FLOOR = -10.0
 #: observations longer than this (characters or lines) start folded
 FOLD_CHARS = 800
 FOLD_LINES = 16
@@ -155,9 +156,9 @@ def token_view(trajectory: dict[str, Any] | None, tokenizer: ChatTokenizer | Non
         token = {"id": token_id, "kind": "model" if model else "obs", "pos": len(prompt) + offset}
         if model and offset < len(logprobs) and logprobs[offset] is not None:
             token["logprob"] = float(logprobs[offset])
-            token["prob"] = math.exp(min(0.0, token["logprob"]))
-            # low-probability tokens get the strongest shade; 0.05 keeps p=1 visible as model
-            token["shade"] = round(0.05 + 0.75 * (1.0 - token["prob"]), 3)
+            # shade on the logprob itself (0 -> 1, LOGPROB_FLOOR or lower -> 0): on a probability
+            # scale every token below p = 0.5 would look the same
+            token["level"] = round(min(1.0, max(0.0, 1.0 - token["logprob"] / LOGPROB_FLOOR)), 3)
         tokens.append(token)
     if tokenizer is not None:
         for token in tokens:
