@@ -78,13 +78,13 @@ def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers,
 def up(**options) -> None:
     """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     with _cluster(**options) as cluster:
         click.echo(f"gateway  {cluster.gateway_url}\nredis    {cluster.state_url}\n"
                    f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\nCtrl-C stops everything.")
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
+        while not stop.wait(1.0):
             pass
     click.echo("stopped")
 

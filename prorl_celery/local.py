@@ -72,18 +72,31 @@ class ManagedProcess:
             return ""
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.popen.poll() is not None:
+        self.terminate()
+        self.wait_or_kill(grace_s)
+
+    def terminate(self) -> None:
+        """SIGTERM to the process group, without waiting."""
+        self._signal(signal.SIGTERM)
+
+    def wait_or_kill(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for the process to exit, then SIGKILL its group."""
+        try:
+            self.popen.wait(grace_s)
             return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+        try:
+            self.popen.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
             try:
                 os.killpg(self.popen.pid, sig)
             except ProcessLookupError:
-                return
-            try:
-                self.popen.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+                pass
 
 
 @dataclass
@@ -220,10 +233,17 @@ class LocalCluster:
 
     # -- stopping ------------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop every child, newest first (workers before Redis)."""
-        for process in reversed(self.processes):
-            process.stop()
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop every child: all at once (each gets its full grace period in parallel), Redis
+        last, so that stopping workers can still hand their stages back."""
+        others = [process for process in self.processes if process.name != "redis"]
+        for process in others:
+            process.terminate()
+        for process in others:
+            process.wait_or_kill(grace_s)
+        for process in self.processes:
+            if process.name == "redis":
+                process.stop(grace_s)
         self.processes.clear()
 
 
