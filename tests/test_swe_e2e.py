@@ -25,7 +25,7 @@ def call(name: str, **arguments) -> str:
 
 
 RULES = [
-    {"match": "to_roman\\(\\) writes nine hundreds as DCCCC", "scope": "prompt", "replies": [
+    {"match": "to_roman\\(\\) writes nine hundreds as DCD", "scope": "prompt", "replies": [
         "Let me look at the conversion table.\n" + call("editor", command="view", path="romanum/romanum/numerals.py",
                                                         view_range=[1, 25]),
         "The table has no entry for 900. Adding it.\n" + call(

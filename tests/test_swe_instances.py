@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -161,7 +162,8 @@ def test_junit_node_ids_from_a_real_pytest_run(tmp_path) -> None:
     """))
     junit = tmp_path / "junit.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-                    f"--junitxml={junit}", "tests/test_mix.py"], cwd=tmp_path, capture_output=True, timeout=120)
+                    f"--junitxml={junit}", "tests/test_mix.py"], cwd=tmp_path, capture_output=True, timeout=120,
+                   env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     f = "tests/test_mix.py"
     assert parse_junit(junit.read_text()) == {
         f"{f}::test_ok": "passed", f"{f}::test_bad": "failed", f"{f}::test_param[1]": "passed",
@@ -303,4 +305,72 @@ def test_files_move_byte_exact(sandbox_dir) -> None:
             assert await read_bytes(client, "/workspace/x/none") is None
             with pytest.raises(ValueError):
                 await read_bytes(client, "/workspace/x/blob.bin", limit_bytes=100)
+    run(body())
+
+
+class FailingLLM:
+    """A ChatLLM that plays scripted turns, then fails like a backend that went away."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies, self.turns, self._messages = list(replies), 0, []
+
+    def start(self, messages, tools=None) -> None:
+        self._messages = list(messages)
+        self.tools = tools
+
+    async def generate(self, **overrides):
+        from handlers import Generation
+        if not self.replies:
+            raise ConnectionError("backend went away")
+        text = self.replies.pop(0)
+        self.turns += 1
+        self._messages.append({"role": "assistant", "content": text})
+        return Generation(text=text, token_ids=[1], logprobs=[0.0], finish_reason="stop")
+
+    def add_message(self, role, content, **fields) -> None:
+        self._messages.append({"role": role, "content": content})
+
+    @property
+    def messages(self):
+        return self._messages
+
+    @property
+    def num_turns(self):
+        return self.turns
+
+    @property
+    def context_left(self):
+        return 10**6
+
+
+def test_init_checks_out_base_commit_and_a_failed_run_keeps_its_patch(sandbox_dir) -> None:
+    row = BY_ID["prorl-swe__romanum-14"]
+    handler = SweHandler()
+
+    def call(name: str, **arguments: Any) -> str:
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+    edit = call("editor", command="str_replace", path="romanum/romanum/numerals.py",
+                old_str='    (1000, "M"),\n', new_str='    (1000, "M"),\n    (900, "CM"),\n')
+    notes = call("bash", command="printf 'why CM\\n' > NOTES.txt && mkdir -p __pycache__ && touch __pycache__/x.pyc")
+
+    async def body() -> None:
+        async with Sandbox(sandbox_dir) as client:
+            job = JobContext(job_id="j", task="swe", instance=row, sandbox=client)
+            job.init_result = await handler.init(job)
+            state = (await client.bash("pwd; git rev-parse HEAD; git remote | wc -l; git rev-list --count HEAD; "
+                                       "git status --porcelain | wc -l")).output.split()
+            assert state == ["/workspace/romanum", row["base_commit"], "0", "2", "0"]
+            llm = FailingLLM([edit, notes])
+            with pytest.raises(ConnectionError) as raised:
+                await handler.run(job, llm)
+            assert llm.tools and {t["function"]["name"] for t in llm.tools} == {"bash", "editor", "finish"}
+            job.run_result = await handler.run_exception(job, raised.value)
+            patch = job.run_result["patch"]
+            assert job.run_result["finish_reason"] == "error" and "backend went away" in job.run_result["error"]
+            assert patch.startswith("diff --git a/NOTES.txt b/NOTES.txt") and '+    (900, "CM"),' in patch
+            assert "__pycache__" not in patch  # ignored by the repository's .gitignore
+            assert handler.final_result(job) == {"artifacts": {"patch": patch}}
+            result = await handler.eval(job)
+            assert result.reward == 1.0, result.details
     run(body())

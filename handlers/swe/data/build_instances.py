@@ -90,7 +90,8 @@ def run_tests(repo: Path, patches: list[str], files: list[str]) -> dict[str, str
             junit = Path(tmp) / "junit.xml"
             subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
                             "junit_family=xunit1", f"--junitxml={junit}", *files], cwd=work,
-                           env={**os.environ, **TEST_ENV, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, timeout=300)
+                           env={**os.environ, **TEST_ENV, "PYTHONDONTWRITEBYTECODE": "1"},
+                           capture_output=True, timeout=300)
             return parse_junit(junit.read_text())
         finally:
             git(repo, "worktree", "remove", "--force", str(work))
@@ -126,7 +127,8 @@ def build_one(name: str, out_dir: Path, verify: bool) -> dict:
         "test_env": TEST_ENV,
     }
     if verify:
-        files = sorted({str(p) for p in files_of(source / "base") if p.parts[0] == "tests" and p.name.startswith("test_")})
+        files = sorted({str(p) for p in files_of(source / "base")
+                        if p.parts[0] == "tests" and p.name.startswith("test_")})
         before = run_tests(repo, [test_patch], files)
         after = run_tests(repo, [patch, test_patch], files)
         broken = sorted(t for t, s in after.items() if s != PASSED)
