@@ -61,9 +61,18 @@ def create_celery() -> Celery:
 app = create_celery()
 
 
+#: about 30 s of publish retries (kombu reconnects between them)
+PUBLISH_RETRY = {"max_retries": 60, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
+
+
 def enqueue(stage: Stage, job_id: str, *, queue: str | None = None) -> None:
-    """Hand a job to ``stage``'s queue (or a node's own queue of that stage)."""
-    app.send_task(f"prorl.{stage.value}", args=[job_id], queue=queue or stage.value)
+    """Hand a job to ``stage``'s queue (or a node's own queue of that stage).
+
+    The job has already been handed over in the store: a message lost here would strand it
+    in ``pending_<stage>`` for good, so publishing outlasts a Redis restart (Celery's default
+    gives up after 0.6 s)."""
+    app.send_task(f"prorl.{stage.value}", args=[job_id], queue=queue or stage.value,
+                  retry=True, retry_policy=PUBLISH_RETRY)
 
 
 from . import workers  # noqa: E402,F401  (connects the worker start-up signal handlers)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -28,6 +29,8 @@ FLOAT_FIELDS = frozenset(
     {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}
 )
 RECENT_JOBS_KEPT = 100_000
+#: how long a transition keeps retrying while Redis is unreachable (a restart), before it raises
+REDIS_OUTAGE_S = 30.0
 
 
 def load_script(client: redis.Redis, name: str):
@@ -128,16 +131,41 @@ class JobStore:
         (narrowed to ``only_from`` when given)."""
         sources = ALLOWED_FROM[target] & {only_from} if only_from else ALLOWED_FROM[target]
         allowed = ",".join(sorted(s.value for s in sources)) or "-"
-        reply = self._transition(
-            keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS],
-            args=[job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s,
-                  int(with_record), "" if attempt is None else attempt, *_encode(fields or {})],
-        )
+        # each transition writes its own token, so that after a lost reply we can tell whether it
+        # happened: a Redis restart must neither strand the job nor move it twice
+        token = uuid.uuid4().hex
+        job_keys = [keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS]
+        args = [job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s, int(with_record),
+                "" if attempt is None else attempt, *_encode({**(fields or {}), "transition_id": token})]
+        deadline = time.monotonic() + REDIS_OUTAGE_S
+        while True:
+            try:
+                reply = self._transition(keys=job_keys, args=args)
+                break
+            except (redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                done = self._landed(job_id, token, with_record)
+                if done is not None:
+                    return done
         previous = JobStatus(reply[1]) if reply[1] else None
         if not reply[0]:
             return Transition(False, previous)
         record = decode_record(dict(zip(reply[4][::2], reply[4][1::2]))) if with_record else None
         return Transition(True, previous, float(reply[2]), record)
+
+    def _landed(self, job_id: str, token: str, with_record: bool) -> Transition | None:
+        """The transition whose reply was lost, if it took place (else None: send it again)."""
+        try:
+            raw = self.redis.hgetall(keys.job(job_id))
+        except (redis.ConnectionError, redis.TimeoutError):
+            return None
+        if raw.get("transition_id") != token:
+            return None
+        record = decode_record(raw)
+        budget_left = (record.get("budget_s") or 0.0) - (record.get("active_s") or 0.0)
+        return Transition(True, None, budget_left, record if with_record else None)
 
     def claim_stage(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
         """``pending_<stage>`` -> ``<stage>`` and start the timer; fails for a redelivery.
