@@ -23,8 +23,7 @@ from handlers.swe.evaluation import grade, parse_junit, patch_paths, files_of_te
 from handlers.swe.handler import BUNDLE_MOUNT
 from handlers.swe.instances import MAX_ITERATIONS_CAP, REPOS_ENV, SHIPPED_REPOS
 from handlers.swe.sandbox_io import read_bytes, write_bytes
-from singularity.runtime import BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, SandboxSpec
-from singularity.runtime.base import Bind
+from singularity.runtime import Bind, BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, SandboxSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDER = ROOT / "handlers" / "swe" / "data" / "build_instances.py"
@@ -68,6 +67,17 @@ def test_verl_row_reads_the_swe_fields_from_extra_info() -> None:
     assert instance.instance_id == row["instance_id"] and instance.base_commit == row["base_commit"]
     assert instance.messages() == [{"role": "user", "content": row["problem_statement"]}]
     assert instance.metadata["data_source"] == "swe_gym"
+
+
+def test_shipped_verl_rows_are_the_same_instances() -> None:
+    verl = load_instances(ROOT / "handlers" / "swe" / "data" / "verl_sample.jsonl")
+    assert len(verl) == len(INSTANCES)
+    for row, plain in zip(verl, INSTANCES):
+        instance, expected = normalize_instance(row), normalize_instance(plain)
+        assert (instance.instance_id, instance.base_commit, instance.fail_to_pass, instance.test_env) == \
+            (expected.instance_id, expected.base_commit, expected.fail_to_pass, expected.test_env)
+        assert instance.messages() == expected.messages() and instance.gold_patch is None
+        assert get_handler(row["data_source"]).name == "swe"
 
 
 def test_verl_row_with_the_instance_as_ground_truth() -> None:

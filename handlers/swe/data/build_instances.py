@@ -15,7 +15,10 @@ applied, once without and once with the gold patch; tests that fail before and p
 FAIL_TO_PASS, tests that pass in both runs PASS_TO_PASS. The build fails when a source has no
 FAIL_TO_PASS test or the gold patch leaves a test failing.
 
-    python handlers/swe/data/build_instances.py           # rebuild bundles and instances.jsonl
+``verl_sample.jsonl`` holds the same instances as verl rows (SWE-Gym style: ``prompt`` messages,
+``reward_model.ground_truth`` = the gold patch, the SWE-bench fields in ``extra_info``).
+
+    python handlers/swe/data/build_instances.py           # rebuild bundles and both JSONL files
     python handlers/swe/data/build_instances.py --check   # rebuild elsewhere, compare with shipped
 """
 from __future__ import annotations
@@ -158,6 +161,19 @@ def write(rows: list[dict], path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def verl_row(row: dict) -> dict:
+    """The instance as a verl row: the prompt the handler would build, the fields in extra_info."""
+    from handlers.swe.instances import SYSTEM_PROMPT, USER_TEMPLATE
+    name = row["repo"].rsplit("/", 1)[1]
+    user = USER_TEMPLATE.format(repo=row["repo"], repo_dir=f"/workspace/{name}", name=name,
+                                problem_statement=row["problem_statement"].strip())
+    return {"data_source": "swe_gym", "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                                                 {"role": "user", "content": user}],
+            "ability": "software_engineering",
+            "reward_model": {"style": "rule", "ground_truth": row["patch"]},
+            "extra_info": {key: value for key, value in row.items() if key != "patch"}}
+
+
 def check() -> list[str]:
     """Differences between a fresh build and the shipped data (empty when reproducible)."""
     shipped = {row["instance_id"]: row for row in map(json.loads, (HERE / "instances.jsonl").read_text().splitlines())}
@@ -177,6 +193,9 @@ def check() -> list[str]:
             if row["base_commit"] not in heads:
                 problems.append(f"{row['instance_id']}: shipped bundle does not hold {row['base_commit']}")
     problems += [f"{instance_id}: shipped but has no source" for instance_id in shipped]
+    rows = [json.loads(line) for line in (HERE / "instances.jsonl").read_text().splitlines()]
+    if (HERE / "verl_sample.jsonl").read_text() != "".join(json.dumps(verl_row(r)) + "\n" for r in rows):
+        problems.append("verl_sample.jsonl is not the verl form of instances.jsonl")
     return problems
 
 
@@ -193,6 +212,7 @@ def main() -> int:
         shutil.rmtree(HERE / "repos", ignore_errors=True)
         shutil.copytree(Path(tmp) / "repos", HERE / "repos")
     write(rows, HERE / "instances.jsonl")
+    write([verl_row(row) for row in rows], HERE / "verl_sample.jsonl")
     for row in rows:
         print(f"{row['instance_id']}: {row['base_commit'][:12]} FAIL_TO_PASS={len(json.loads(row['FAIL_TO_PASS']))} "
               f"PASS_TO_PASS={len(json.loads(row['PASS_TO_PASS']))}")
