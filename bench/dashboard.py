@@ -113,7 +113,8 @@ def report(result: dict[str, Any]) -> str:
     lines = [f"dashboard reads with {result['jobs']} jobs stored ({result['rounds']} rounds, p50)",
              f"{'read':<12} {'dashboard ms':>13} {'full scan ms':>13} {'ratio':>7}"]
     for name, r in result["results"].items():
-        lines.append(f"{name:<12} {r['dashboard_p50_ms']:>13.2f} {r['full_scan_p50_ms']:>13.2f} {r['ratio']:>6.1f}x")
+        lines.append(f"{name:<12} {r['dashboard_p50_ms']:>13.2f} {r['full_scan_p50_ms']:>13.2f} "
+                     f"{r['ratio']:>6.1f}x")
     ratio = result["results"]["jobs_page"]["ratio"]
     lines.append(f"target: first jobs page >= {TARGET_PAGE_RATIO:g}x faster than a full scan: "
                  + ("met" if ratio >= TARGET_PAGE_RATIO else f"MISSED ({ratio}x)"))

@@ -57,6 +57,8 @@ def test_overview_json_reports_what_status_reports(gateway, store):
     assert set(overview["sandboxes"]) == nodes
     page = gateway.get("/dashboard")
     assert page.status_code == 200 and 'id="initial-data"' in page.text
+    pending = gateway.get("/dashboard/jobs/waiting")
+    assert pending.status_code == 200 and "still running" in pending.text and "No token trajectory" in pending.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
 
 
@@ -92,7 +94,8 @@ def test_jobs_list_is_bounded_and_paginates_with_10000_jobs(gateway, store):
     # a rare status: each request examines at most SCAN_LIMIT ids and hands back a cursor
     found, cursor, requests = [], None, 0
     while True:
-        page = gateway.get("/dashboard/api/jobs", params={"status": "cancelled", **({"cursor": cursor} if cursor else {})})
+        params = {"status": "cancelled", **({"cursor": cursor} if cursor else {})}
+        page = gateway.get("/dashboard/api/jobs", params=params)
         assert page.status_code == 200, page.text
         body = page.json()
         assert body["scanned"] <= dashboard_data.SCAN_LIMIT
@@ -187,5 +190,6 @@ def test_dashboard_sign_in_with_a_cookie(secured_gateway):
         cookie_only = {"Cookie": "prorl_dashboard_token=user-secret"}
         assert httpx.get(secured_gateway + "/status", headers=cookie_only).status_code == 401
         assert browser.post("/dashboard/logout").status_code == 302
-    bearer = httpx.get(secured_gateway + "/dashboard/api/overview", headers={"Authorization": "Bearer admin-secret"})
+    bearer = httpx.get(secured_gateway + "/dashboard/api/overview",
+                       headers={"Authorization": "Bearer admin-secret"})
     assert bearer.status_code == 200

@@ -118,7 +118,8 @@ def test_dashboard_shows_status_numbers_and_updates_without_reload(gateway, back
     assert status["jobs"]["failed"] == 1
     assigned = {b["address"]: b["assigned"] for b in status["backends"]}
     expect(page.locator("#chart-completed rect.bar")).not_to_have_count(0)
-    bars = page.eval_on_selector_all("#chart-completed rect.bar:not(.bad)", "els => els.map(e => +e.dataset.value)")
+    bars = page.eval_on_selector_all("#chart-completed rect.bar:not(.bad)",
+                                     "els => els.map(e => +e.dataset.value)")
     assert sum(bars) == completed
     backend_rows = page.eval_on_selector_all(
         "#backends tr", "rows => rows.map(r => [...r.children].map(c => c.textContent))")
