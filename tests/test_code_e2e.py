@@ -101,7 +101,7 @@ def test_correct_and_wrong_solutions(service):
 
 
 def test_time_limit_kills_an_infinite_loop_and_the_worker_carries_on(service):
-    loop = service.submit(instance("E2E-LOOP", time_limit_s=1, tests=PAIR_SUMS["tests"][:2]))
+    loop = service.submit(instance("E2E-LOOP", time_limit_s=1, tests=PAIR_SUMS["tests"][:1]))
     hog = service.submit(instance("E2E-MEMORY", memory_mb=64, tests=PAIR_SUMS["tests"][:1]))
     seen: set[int] = set()
     deadline = time.monotonic() + 150
@@ -112,7 +112,7 @@ def test_time_limit_kills_an_infinite_loop_and_the_worker_carries_on(service):
     result = service.result(loop, wait=10)
     assert (result["status"], result["reward"], result["critical_error"]) == ("completed", 0.0, None), result["error"]
     verdicts = result["eval"]["verdicts"]
-    assert [v["verdict"] for v in verdicts] == ["time_limit", "time_limit"]
+    assert [v["verdict"] for v in verdicts] == ["time_limit"]
     assert all(v["wall_s"] < 1 * 3 + 1 + 1 for v in verdicts)  # killed at its own limit
     assert seen, "the solution's process was never observed running (the check below would prove nothing)"
     assert processes_of(loop) == [] and all(not os.path.exists(f"/proc/{pid}") for pid in seen)

@@ -100,9 +100,9 @@ class CodeHandler(AgentHandler):
         solution = job.run_result.get("solution")
         code = _instance(job)
         if not solution:
-            details = {"error": "no solution was produced", **summarize(["runtime_error"] * len(code.tests)),
+            details = {"error": job.run_result.get("solution_error") or "no solution was produced", "reward": 0.0,
+                       "passed": 0, "total": len(code.tests), "fraction_passed": 0.0, "counts": {},
                        "verdicts": [], "style": code.style}
-            details["reward"] = 0.0
             return EvalResult(0.0, details)
         if job.sandbox is None:
             raise RuntimeError("the code handler's EVAL needs its fresh sandbox (eval_sandbox_request)")
