@@ -15,10 +15,23 @@ from typing import Any
 import pytest
 
 from handlers.base import JobContext
-from handlers.code import CodeHandler, extract_code, load_problems, normalize_instance, tokens_match, values_match
+from handlers.code import (
+    CodeHandler,
+    extract_code,
+    load_problems,
+    normalize_instance,
+    tokens_match,
+    values_match,
+)
 from handlers.code.grading import verdict
 from handlers.code.handler import judge_tests
-from singularity.runtime import BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, Limits, SandboxSpec
+from singularity.runtime import (
+    BubblewrapRuntime,
+    FileAddressAllocator,
+    FileSandboxLedger,
+    Limits,
+    SandboxSpec,
+)
 from tests.test_math_handler import ScriptedLLM
 
 DATA = Path(__file__).parent / "data" / "code_solutions.json"

@@ -21,7 +21,12 @@ from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
 from handlers.code.files import SandboxFileError, read_file, write_file
 from handlers.code.grading import summarize, verdict
-from handlers.code.instances import SOLUTION_FILE, CodeInstance, normalize_instance, validate_instance
+from handlers.code.instances import (
+    SOLUTION_FILE,
+    CodeInstance,
+    normalize_instance,
+    validate_instance,
+)
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON
 
 _TOOLS = {"editor": EDITOR, "bash": BASH, "python": PYTHON}

@@ -146,7 +146,7 @@ def run_test(test: dict, index: int, root: str, solution: str, env: dict) -> dic
         started = time.monotonic()
         process = subprocess.Popen(argv, stdin=subprocess.PIPE if nonce else stdin, stdout=stdout, stderr=stderr,
                                    cwd=workdir, env=env, start_new_session=True, close_fds=True,
-                                   preexec_fn=_limits(int(test["memory_bytes"]), cpu_limit, cap))
+                                   preexec_fn=_limits(int(test["memory_bytes"]), cpu_limit, cap))  # noqa: PLW1509 - single-threaded
         if nonce:
             try:
                 process.stdin.write(nonce.encode() + b"\n")
@@ -301,7 +301,7 @@ def harness_pytest(test_file: str, test_name: str, result_path: str) -> int:
     nonce = sys.stdin.readline().strip()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the solution must not read the nonce
-    sys.stdin = open(os.devnull)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     try:
         import importlib.util
         sys.path.insert(0, os.getcwd())
