@@ -158,5 +158,9 @@ class AgentHandler:
         return EvalResult(reward=0.0, details={"error": f"{type(error).__name__}: {error}"})
 
     def final_result(self, job: JobContext) -> dict[str, Any]:
-        """Extra fields for the job's final result, such as ``artifacts``."""
-        return {"artifacts": job.run_result.get("artifacts", {})}
+        """Extra fields for the job's final result: ``artifacts``, and ``tool_log`` (name,
+        seconds and error of every tool call) when RUN went through the shared agent loop."""
+        extra: dict[str, Any] = {"artifacts": job.run_result.get("artifacts", {})}
+        if job.run_result.get("tool_log") is not None:
+            extra["tool_log"] = job.run_result["tool_log"]
+        return extra

@@ -180,6 +180,8 @@ def test_trajectory_viewer_shows_tool_calls_and_observations(gateway, backend, p
     assert text(page, ".tool-call .tool-name") == "\u2699 python"
     assert "x = 6 * 7" in text(page, ".tool-call pre.code")
     assert "42" in text(page, "article.role-tool .msg-text")
+    assert [call["name"] for call in result["tool_log"]] == ["python"]  # timed by the agent loop
+    assert "python" in text(page, "#tool-log")
     page.locator("#token-view .tok-model").first.scroll_into_view_if_needed()
     screenshot(page, artifacts, "trajectory.png", full_page=True)
 
