@@ -177,6 +177,7 @@ def test_stale_record_never_matches_a_newer_sandbox_by_its_reused_namespace_inod
 
 # -- 1. SIGKILL of a RUN worker with 50 jobs in flight ---------------------------------------------
 
+@pytest.mark.slow  # ~50 s: 50 sandboxes started twice over
 def test_sigkill_run_worker_with_50_jobs_in_flight(service):
     cluster = service.cluster
     slow = fault_job(run_sleep_s=120, sleep_first_attempt_only=True)
