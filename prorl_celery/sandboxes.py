@@ -28,6 +28,7 @@ class RedisAddressAllocator:
         self.redis, self.node, self.network = client, node, network
         self._range = (int(net.network_address) + 1, int(net.broadcast_address) - 1)
         self._allocate = load_script(client, "allocate_address")
+        self._release = load_script(client, "release_address")
 
     def allocate(self, owner: str) -> str:
         address = self._allocate(keys=[keys.node_addresses(self.node)], args=[*self._range, owner])
@@ -35,8 +36,8 @@ class RedisAddressAllocator:
             raise AddressExhausted(f"every address of {self.network} on {self.node} is leased")
         return address
 
-    def release(self, address: str) -> None:
-        self.redis.hdel(keys.node_addresses(self.node), address)
+    def release(self, address: str, owner: str | None = None) -> None:
+        self._release(keys=[keys.node_addresses(self.node)], args=[address, owner or ""])
 
     def leases(self) -> dict[str, str]:
         return self.redis.hgetall(keys.node_addresses(self.node))

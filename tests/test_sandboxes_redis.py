@@ -54,6 +54,20 @@ def test_nodes_are_separate_and_exhaustion_is_clear(state_url):
         RedisAddressAllocator(client, NODE, network="10.0.0.0/24")
 
 
+def test_a_late_release_does_not_free_an_address_leased_again(state_url, tmp_path):
+    from singularity.runtime.addresses import FileAddressAllocator, MemoryAddressAllocator
+    client = redis.Redis.from_url(state_url, decode_responses=True)
+    for allocator in (RedisAddressAllocator(client, NODE), FileAddressAllocator(tmp_path / "leases.json"),
+                      MemoryAddressAllocator()):
+        address = allocator.allocate("sandbox-old")
+        allocator.release(address, "sandbox-old")  # the first reaper of the old sandbox
+        assert allocator.allocate("sandbox-new") == address  # handed out again at once
+        allocator.release(address, "sandbox-old")  # a second reaper of the same old record
+        assert allocator.leases() == {address: "sandbox-new"}, type(allocator).__name__
+        allocator.release(address)  # without an owner: whoever holds it
+        assert allocator.leases() == {}
+
+
 def test_ledger_reaps_sandboxes_of_a_dead_owner(state_url):
     client = redis.Redis.from_url(state_url, decode_responses=True)
     ledger, allocator = RedisSandboxLedger(client), RedisAddressAllocator(client, NODE)

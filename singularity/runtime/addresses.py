@@ -37,8 +37,10 @@ class AddressAllocator(Protocol):
     def allocate(self, owner: str) -> str:
         """A free address, now leased to ``owner`` (raises :class:`AddressExhausted`)."""
 
-    def release(self, address: str) -> None:
-        """End the lease of ``address`` (no error when it was not leased)."""
+    def release(self, address: str, owner: str | None = None) -> None:
+        """End the lease of ``address`` (no error when it was not leased); with ``owner``, only
+        while the lease is still that owner's (a late second release must not free an address
+        that was leased again meanwhile)."""
 
     def leases(self) -> dict[str, str]:
         """Every current lease: address -> owner."""
@@ -78,9 +80,10 @@ class MemoryAddressAllocator:
             self._leases[address] = owner
             return address
 
-    def release(self, address: str) -> None:
+    def release(self, address: str, owner: str | None = None) -> None:
         with self._lock:
-            self._leases.pop(address, None)
+            if owner is None or self._leases.get(address) == owner:
+                self._leases.pop(address, None)
 
     def leases(self) -> dict[str, str]:
         with self._lock:
@@ -125,9 +128,10 @@ class FileAddressAllocator:
             leases[address] = owner
         return address
 
-    def release(self, address: str) -> None:
+    def release(self, address: str, owner: str | None = None) -> None:
         with self._locked() as leases:
-            leases.pop(address, None)
+            if owner is None or leases.get(address) == owner:
+                leases.pop(address, None)
 
     def leases(self) -> dict[str, str]:
         with self._locked() as leases:

@@ -285,7 +285,7 @@ class Runtime(ABC):
         if self.ledger is not None:
             self.ledger.remove(self.node, sandbox.id)
         if sandbox.leased and self.allocator is not None and sandbox.address:
-            self.allocator.release(sandbox.address)
+            self.allocator.release(sandbox.address, sandbox.id)
         shutil.rmtree(sandbox.state_dir, ignore_errors=True)
 
     async def _wait_ready(self, launch: Launch, sandbox_dir: Path) -> None:
@@ -311,7 +311,7 @@ class Runtime(ABC):
         if self.ledger is not None:
             self.ledger.remove(self.node, sandbox_id)
         if leased and self.allocator is not None and spec.address:
-            self.allocator.release(spec.address)
+            self.allocator.release(spec.address, sandbox_id)
         shutil.rmtree(sandbox_dir, ignore_errors=True)
 
     def _record(self, sandbox: Sandbox) -> SandboxRecord:

@@ -111,7 +111,7 @@ def stop_recorded(ledger: SandboxLedger, record: SandboxRecord, *,
                         killed=[i.pid for i in running], left=[i.pid for i in left])
     if not left:
         if allocator is not None and record.address:
-            allocator.release(record.address)
+            allocator.release(record.address, record.sandbox_id)
         if record.state_dir:
             shutil.rmtree(record.state_dir, ignore_errors=True)
         ledger.remove(record.node, record.sandbox_id)
