@@ -512,8 +512,12 @@ def run(plan: Plan) -> dict[str, Any]:
     part1_rules, part2_rules = rules_file(log_dir, plan.llm_delay_s), rules_file(log_dir, plan.pipeline_delay_s)
     cluster = LocalCluster(concurrency={}, llm_command=llm_command(part1_rules, tokenizer), tokenizer=tokenizer,
                            env=env, gateway_workers=2, log_dir=log_dir)
+    from prorl_celery.celery_app import app as service_app
     result: dict[str, Any] = {"plan": asdict(plan), "log_dir": str(log_dir),
-                              "machine": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}}
+                              "machine": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()},
+                              # with Celery's threads pool a full worker only fetches again on the
+                              # hub's next 1 s poll: every hand-over into a busy pool pays for it
+                              "worker_disable_prefetch": bool(service_app.conf.worker_disable_prefetch)}
     with cluster, httpx.Client(base_url=cluster.gateway_url, timeout=600) as client:
         base_url = cluster.state_url
         assert cluster.llm_url is not None
@@ -551,7 +555,8 @@ def run(plan: Plan) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     machine = result["machine"]
     lines = ["", f"bench.scale ({machine['cpus']} CPUs, load {machine['loadavg_before'][0]:.2f} before, "
-                 f"{machine['loadavg_after'][0]:.2f} after)"]
+                 f"{machine['loadavg_after'][0]:.2f} after, service workers with worker_disable_prefetch="
+                 f"{result.get('worker_disable_prefetch')})"]
     if "run_scaling" in result:
         lines += report_scaling(result["run_scaling"])
     if "pipeline" in result:
