@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
-from handlers.code.files import SandboxFileError, read_file, write_file
+from handlers.sandbox_files import SandboxCommandError, SandboxFileTooLarge, read_bytes, write_text
 from handlers.code.grading import summarize, verdict
 from handlers.code.instances import (
     SOLUTION_FILE,
@@ -87,8 +87,8 @@ class CodeHandler(AgentHandler):
         solution, source, problem = None, None, None
         if job.sandbox is not None:
             try:
-                data = await read_file(job.sandbox, f"/workspace/{SOLUTION_FILE}", max_bytes=MAX_SOLUTION_BYTES)
-            except SandboxFileError as error:  # too large or unreadable: judged as no solution
+                data = await read_bytes(job.sandbox, f"/workspace/{SOLUTION_FILE}", MAX_SOLUTION_BYTES)
+            except (SandboxFileTooLarge, SandboxCommandError) as error:  # judged as no solution
                 data, problem = None, str(error)
             if data is not None and data.strip():
                 solution, source = data.decode("utf-8", "replace"), "file"
@@ -180,14 +180,14 @@ async def run_judge(sandbox: Any, solution: str, code: CodeInstance, tests: list
     if code.fn_name:
         for entry in manifest["tests"]:
             entry["fn_name"] = code.fn_name
-    await write_file(sandbox, f"{root}/judge.py", judge)
-    await write_file(sandbox, f"{root}/{SOLUTION_FILE}", solution)
-    await write_file(sandbox, f"{root}/manifest.json", json.dumps(manifest))
+    await write_text(sandbox, f"{root}/judge.py", judge)
+    await write_text(sandbox, f"{root}/{SOLUTION_FILE}", solution)
+    await write_text(sandbox, f"{root}/manifest.json", json.dumps(manifest))
     result = await sandbox.bash(f"python3 {root}/judge.py {root}/manifest.json {root}/results.json",
                                 timeout_s=timeout_s)
     if result.timed_out:
         raise TimeoutError(f"the judge did not finish within {timeout_s:g} s")
-    data = await read_file(sandbox, f"{root}/results.json", max_bytes=sum(t["output_cap"] for t in tests) * 2 + 2**20)
+    data = await read_bytes(sandbox, f"{root}/results.json", sum(t["output_cap"] for t in tests) * 2 + 2**20)
     if data is None:
         raise RuntimeError(f"the judge wrote no results: {result.output.strip()[-500:]}")
     reports = json.loads(data)["reports"]

@@ -19,7 +19,7 @@ from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, Sandbox
 from handlers.sandbox_tools import BASH, EDITOR
 from handlers.swe.evaluation import grade, parse_junit, patch_paths, pytest_command, statuses_of, files_of_tests
 from handlers.swe.instances import SweInstance, normalize_instance, validate_instance
-from handlers.swe.sandbox_io import SandboxCommandError, read_bytes, sh, write_bytes
+from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_bytes
 
 #: where the directory holding the instance's bundle appears inside the sandbox (read-only)
 BUNDLE_MOUNT = "/data/swe/repos"

@@ -1,8 +1,10 @@
-"""Moving files of any size and content in and out of a sandbox through its bash tool.
+"""Moving files of any size and content in and out of a sandbox through its tool server.
 
-The tool server keeps at most 32 KiB of a command's output and decodes it as text, so a patch
-or a test report is moved as base64 in pages well under that cap: byte-exact, whatever the
-file holds (non-UTF-8 bytes, carriage returns, no final newline).
+Handlers use these to take artifacts out of the agent's sandbox (a solution, a patch) and to put
+inputs into a fresh EVAL sandbox. Text goes in through the editor's ``create`` (one call, any
+size a protocol frame holds). Bytes go through bash: the tool server keeps at most 32 KiB of a
+command's output and decodes it as text, so files are moved as base64 in pages well under that
+cap, byte-exact whatever they hold (non-UTF-8 bytes, carriage returns, no final newline).
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ class SandboxCommandError(RuntimeError):
     """A helper command failed in the sandbox (its output is in the message)."""
 
 
+class SandboxFileTooLarge(ValueError):
+    """A file in the sandbox is larger than the reader's limit."""
+
+
 async def sh(sandbox: Any, command: str, timeout_s: float = 60.0, *, check: bool = True) -> str:
     """Run ``command``; its output, or SandboxCommandError when it fails (and ``check``)."""
     result = await sandbox.bash(command, timeout_s=timeout_s)
@@ -31,7 +37,7 @@ async def sh(sandbox: Any, command: str, timeout_s: float = 60.0, *, check: bool
 async def read_bytes(sandbox: Any, path: str, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> bytes | None:
     """The content of ``path`` in the sandbox, None when it does not exist.
 
-    ValueError when it is larger than ``limit_bytes``.
+    SandboxFileTooLarge when it is larger than ``limit_bytes``.
     """
     quoted = shlex.quote(path)
     output = await sh(sandbox, f"if [ -f {quoted} ]; then stat -c %s {quoted}; else echo none; fi")
@@ -39,13 +45,18 @@ async def read_bytes(sandbox: Any, path: str, limit_bytes: int = DEFAULT_LIMIT_B
     if size == "none":
         return None
     if int(size) > limit_bytes:
-        raise ValueError(f"{path} is {int(size)} bytes, more than the limit of {limit_bytes}")
+        raise SandboxFileTooLarge(f"{path} is {int(size)} bytes, more than the limit of {limit_bytes}")
     encoded_size = 4 * ((int(size) + 2) // 3)
     pages = []
     for start in range(0, encoded_size, PAGE_CHARS):
         page = await sh(sandbox, f"base64 -w0 {quoted} | cut -c {start + 1}-{start + PAGE_CHARS}")
         pages.append("".join(page.split()))
     return base64.b64decode("".join(pages))
+
+
+async def write_text(sandbox: Any, path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (inside the workspace) in one editor call, replacing any file."""
+    await sandbox.editor("create", path, file_text=text, overwrite=True)
 
 
 async def write_bytes(sandbox: Any, path: str, data: bytes) -> None:
