@@ -185,3 +185,22 @@ def test_server_config_picks_the_search_backend(tmp_path):
     assert isinstance(corpus.search_backend(), BM25Backend)
     both = ServerConfig(workspace=tmp_path, search_corpus=tmp_path / "c", search_url="http://h/s")
     assert isinstance(both.search_backend(), HTTPSearchBackend)
+
+
+def test_a_socket_path_longer_than_sockaddr_un_still_works(tmp_path):
+    """The kernel takes at most 107 bytes; deep state directories are reached through /proc."""
+    from singularity.toolserver.client import ToolClient
+    from singularity.toolserver.launch import LocalToolServer
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    (workspace := tmp_path / "ws").mkdir()
+    socket = deep / "tools.sock"
+    assert len(str(socket)) > 120
+    server = LocalToolServer.start(socket, workspace)
+    try:
+        async def ping():
+            async with ToolClient(socket) as tools:
+                return await tools.bash("echo reached")
+        assert asyncio.run(ping()).output.strip() == "reached"
+    finally:
+        assert server.stop() == 0
+    assert not socket.exists()

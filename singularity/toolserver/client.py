@@ -24,6 +24,7 @@ from typing import Any
 
 from . import protocol
 from .errors import ToolError, ToolServerGone, ToolTimeout
+from .unixpath import usable_path
 from .protocol import (
     BashResult,
     EditorResult,
@@ -65,12 +66,13 @@ class ToolClient:
             if self._writer is not None:
                 return self
             try:
-                opening = (
-                    asyncio.open_unix_connection(str(self._socket_path))
-                    if self._tcp is None
-                    else asyncio.open_connection(*self._tcp)
-                )
-                self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout_s)
+                if self._tcp is not None:
+                    opening = asyncio.open_connection(*self._tcp)
+                    self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout_s)
+                else:
+                    with usable_path(self._socket_path) as path:
+                        opening = asyncio.open_unix_connection(path)
+                        self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout_s)
             except (OSError, TimeoutError) as exc:
                 raise ToolServerGone(
                     f"cannot connect to the tool server at {self.address}: {exc}"

@@ -38,6 +38,7 @@ from .editor import Editor
 from .errors import ToolError
 from .ipython import IPythonTool
 from .mainthread import STOP_SIGNALS, MainThreadRunner
+from .unixpath import usable_path
 from .protocol import PingResult, ShutdownResult
 from .search import BM25Backend, HTTPSearchBackend, SearchBackend, SearchTool
 
@@ -129,7 +130,8 @@ class ToolServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists() or path.is_symlink():
                 path.unlink()
-            self._servers.append(await asyncio.start_unix_server(self._serve, path=str(path)))
+            with usable_path(path) as bindable:
+                self._servers.append(await asyncio.start_unix_server(self._serve, path=bindable))
             self.addresses.append(str(path))
         if self.config.tcp is not None:
             server = await asyncio.start_server(self._serve, *self.config.tcp)
