@@ -28,7 +28,7 @@ app = Celery("monolith", broker=BROKER_URL, backend=RESULT_BACKEND)
 app.conf.update(
     task_queues=[Queue(QUEUE)], task_default_queue=QUEUE, task_serializer="json", result_serializer="json",
     accept_content=["json"], task_acks_late=False, worker_prefetch_multiplier=1, worker_pool="threads",
-    worker_hijack_root_logger=False, broker_transport_options={"visibility_timeout": 6 * 3600},
+    worker_hijack_root_logger=False, broker_transport_options={"visibility_timeout": 60},
     result_backend_transport_options={"visibility_timeout": 6 * 3600}, broker_connection_retry_on_startup=True,
 )
 

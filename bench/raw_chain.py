@@ -32,9 +32,9 @@ BROKER_URL = os.environ.get("RAW_CHAIN_BROKER_URL", "redis://127.0.0.1:6379/2")
 RESULT_BACKEND = os.environ.get("RAW_CHAIN_RESULT_BACKEND", "redis://127.0.0.1:6379/3")
 EVENTS = os.environ.get("RAW_CHAIN_EVENTS", "0") == "1"
 
-# prorl_celery.celery_app's transport options (visibility timeout = its default 6 h)
+# prorl_celery.celery_app's transport options (visibility timeout = its default, 60 s)
 TRANSPORT = {
-    "visibility_timeout": 6 * 3600,
+    "visibility_timeout": 60,
     "socket_timeout": 30,
     "socket_connect_timeout": 10,
     "socket_keepalive": True,

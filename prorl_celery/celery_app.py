@@ -20,8 +20,15 @@ def create_celery() -> Celery:
     settings = get_settings()
     app = Celery("prorl_celery", broker=settings.effective_broker_url, include=["prorl_celery.tasks"])
     transport = {
-        # the broker redelivers unacked messages after this; it must exceed the longest stage
+        # stages are acked when they start, so only fetched-but-not-started messages are unacked:
+        # a killed worker's prefetched stages come back after this, and a copy still waiting in
+        # a live worker's buffer becomes a no-op through the stage claim
         "visibility_timeout": settings.visibility_timeout_s,
+        # kombu sweeps for them every interval x throttle seconds (100 s by default): make it a
+        # few seconds, so they return within about the visibility timeout
+        "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
+        "unacked_restore_throttle": 1,
+        "unacked_restore_limit": 1000,
         "socket_timeout": 30,
         "socket_connect_timeout": 10,
         "socket_keepalive": True,
@@ -38,11 +45,9 @@ def create_celery() -> Celery:
         # the stage claim in the job store already turns any redelivery into a no-op
         task_acks_late=False,
         worker_prefetch_multiplier=1,  # a busy worker must not hoard long jobs
-        # and with early acks it still would: acked (running) tasks leave the prefetch window, so
-        # a worker running c stages reserves c more, which a SIGKILL or a lost node strands in
-        # the broker's unacked set until the visibility timeout (hours). Fetch only into a free
-        # thread instead (Celery >= 5.6, Redis broker).
-        worker_disable_prefetch=True,
+        # not worker_disable_prefetch: with the threads pool a full worker then re-polls only
+        # once a second, which cost the pipeline 40 % of its throughput (bench/scale.py); the
+        # short visibility timeout above returns a killed worker's prefetched stages instead
         worker_pool="threads",  # stages wait on I/O; each thread runs its own event loop
         worker_concurrency=16,
         worker_hijack_root_logger=False,

@@ -23,7 +23,8 @@ class Settings(BaseSettings):
     job_timeout_s: float = Field(1800.0, gt=0, description="default active-time budget of a job")
     max_job_timeout_s: float = Field(4 * 3600.0, gt=0, description="largest budget a job may ask for")
     visibility_timeout_s: int = Field(
-        6 * 3600, gt=0, description="broker redelivery delay; must exceed the longest stage"
+        60, gt=0, description="seconds after which the broker redelivers a message a worker fetched "
+        "but never started (a killed worker's prefetched stages); a duplicate is a no-op"
     )
     result_ttl_s: int = Field(24 * 3600, gt=0, description="how long finished jobs stay fetchable")
 
@@ -52,15 +53,6 @@ class Settings(BaseSettings):
 
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
-
-    @model_validator(mode="after")
-    def _visibility_exceeds_longest_stage(self) -> "Settings":
-        if self.visibility_timeout_s <= self.max_job_timeout_s:
-            raise ValueError(
-                "PRORL_VISIBILITY_TIMEOUT_S must exceed PRORL_MAX_JOB_TIMEOUT_S, or the broker "
-                "redelivers a stage that is still running"
-            )
-        return self
 
     @property
     def effective_broker_url(self) -> str:

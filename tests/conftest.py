@@ -98,7 +98,7 @@ def llm_servers(qwen3_tokenizer, tmp_path_factory) -> list[LLMServer]:
 def cluster(redis_url, qwen3_tokenizer, tmp_path_factory) -> LocalCluster:
     env = {"PRORL_HANDLERS": "fault=tests.support.handlers:FaultHandler",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": "3", "PRORL_REAPER_INTERVAL_S": "0.5",
+           "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": "3", "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_VISIBILITY_TIMEOUT_S": "10",
            "PRORL_SHUTDOWN_GRACE_S": "1"}
     local = LocalCluster(redis_url=redis_url, tokenizer=qwen3_tokenizer, env=env, gateway_workers=1,
                          concurrency={Stage.INIT: 4, Stage.RUN: 8, Stage.EVAL: 4},

@@ -39,7 +39,7 @@ def service_env(node: str, sandbox_dir: Path, lease_s: float = LEASE_S) -> dict[
     return {"PRORL_HANDLERS": "fault=tests.support.handlers:FaultHandler",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "PRORL_NODE": node, "PRORL_SANDBOX_DIR": str(sandbox_dir), "PRORL_RUNTIME": "bubblewrap",
-            "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": str(lease_s),
+            "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": str(lease_s), "PRORL_VISIBILITY_TIMEOUT_S": "10",
             "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_SHUTDOWN_GRACE_S": "1"}
 
 

@@ -34,7 +34,7 @@ from tests.support.netns import Namespaces, NetnsUnavailable
 
 LEASE_S = 3.0
 BOUND_S = LEASE_S + 30  # the bound on how long a cut node's jobs may take to end
-ENV = {"PRORL_HANDLERS": "localfault=tests.support.handlers:LocalFaultHandler", "PRORL_LEASE_S": str(LEASE_S),
+ENV = {"PRORL_HANDLERS": "localfault=tests.support.handlers:LocalFaultHandler", "PRORL_LEASE_S": str(LEASE_S), "PRORL_VISIBILITY_TIMEOUT_S": "10",
        "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_HEARTBEAT_S": "1", "PRORL_SHUTDOWN_GRACE_S": "1",
        "PRORL_BACKEND_WAIT_POLL_S": "0.1"}
 # a small node runs one worker process for all three queues (quick to start on 2 cores)...
@@ -98,7 +98,7 @@ def check_healthy_spread(cluster: MultiNodeCluster, jobs: Jobs) -> None:
                           "tools": ["python"], "max_iterations": 3}) for i in range(3)]
     results = jobs.results([*plain, *tools], timeout_s=90)
     for job_id, result in results.items():
-        assert result["status"] == "completed", result
+        assert result["status"] == "completed", (result.get("error"), result)
         assert result["nodes"]["init"] in names and result["nodes"]["run"] == result["nodes"]["init"], result["nodes"]
         assert result["nodes"]["eval"] in names
     for job_id, reward in plain.items():
