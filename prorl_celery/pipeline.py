@@ -229,6 +229,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
                                       "generation": assignment.generation})
             session = open_session(services, job, assignment)
+            await bounded(job, cancelled, session.fit_backend_context())
         if record.get("sandbox"):
             services.sandboxes.adopt(record["sandbox"])
         async with tool_client(record.get("sandbox")) as job.sandbox:

@@ -60,12 +60,13 @@ class LLMServer:
 
 
 def start_llm_server(tokenizer: str, log_dir: Path, name: str, rules: Path = RULES,
-                     token_delay: float = 0.0) -> LLMServer:
+                     token_delay: float = 0.0, max_model_len: int | None = None) -> LLMServer:
     port = free_port()
     log = log_dir / f"{name}.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules),
-                                  "--tokenizer", tokenizer, "--port", str(port), "--token-delay", str(token_delay)],
+                                  "--tokenizer", tokenizer, "--port", str(port), "--token-delay", str(token_delay),
+                                  *(["--max-model-len", str(max_model_len)] if max_model_len else [])],
                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     process = ManagedProcess(name, popen, log)
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200, 120, name, process)

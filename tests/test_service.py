@@ -14,7 +14,7 @@ import redis
 from prorl_celery import keys
 from prorl_celery.status import Stage
 
-from tests.conftest import eventually
+from tests.conftest import eventually, rules_file, start_llm_server
 
 
 def math(problem: str, answer: str, **extra) -> dict:
@@ -339,3 +339,23 @@ def test_killed_run_worker_leaves_no_sandbox_running(gateway, backend):
     assert state.hlen(keys.node_addresses(sandbox["node"])) == 0
     assert not os.path.exists(sandbox["socket_path"])
     cluster.wait_for_workers()
+
+
+def test_a_conversation_stops_at_the_backends_own_context_length(gateway, qwen3_tokenizer, tmp_path):
+    """The server holds 700 tokens (PRORL_MAX_MODEL_LEN is larger): the session learns that from
+    /v1/models, caps max_tokens to what is left and the agent stops for context, instead of the
+    server refusing an oversized request and the job failing."""
+    server = start_llm_server(qwen3_tokenizer, tmp_path, "short-context", rules=rules_file([]), max_model_len=700)
+    try:
+        gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+        result = gateway.process(math("Random replies never box an answer: what is 1 + 1?", "2",
+                                      max_iterations=30), sampling_params={"max_tokens": 150})
+        assert result["status"] == "completed", result["error"]
+        trajectory = result["trajectory"]
+        assert len(trajectory["prompt_ids"]) + len(trajectory["response_ids"]) <= 700
+        assert 2 <= trajectory["num_turns"] < 30  # ended by the context, not by max_iterations
+        served = server.log()
+        assert len(served) == trajectory["num_turns"]
+        assert all(len(r["prompt_ids"]) + len(r["output_ids"]) <= 700 for r in served)
+    finally:
+        server.process.stop()

@@ -42,11 +42,20 @@ class LLMBackend(Protocol):
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion: ...
 
+    async def context_length(self) -> int | None:
+        """The server's context length (prompt + generation), or None when it does not say."""
+
 
 def base_url(address: str) -> str:
     """``http://host:port/v1`` and ``http://host:port`` name the same server."""
     address = address.rstrip("/")
     return address[: -len("/v1")] if address.endswith("/v1") else address
+
+
+#: address -> the server's model card from GET /v1/models (vLLM and SGLang both serve one)
+_model_cards: dict[str, dict[str, Any]] = {}
+#: address -> context length the server reported (None: it does not say)
+_context_lengths: dict[str, int | None] = {}
 
 
 class _HTTPBackend:
@@ -66,23 +75,33 @@ class _HTTPBackend:
             raise BackendError(f"LLM server {self.address} answered {response.status_code}: {response.text[:500]}")
         return response.json()
 
+    async def _model_card(self) -> dict[str, Any]:
+        card = _model_cards.get(self.address)
+        if card is None:
+            try:
+                response = await self.client.get(base_url(self.address) + "/v1/models")
+                card = _model_cards[self.address] = dict(response.json()["data"][0])
+            except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as error:
+                raise BackendError(f"cannot read the served model of {self.address}: {error}") from error
+        return card
 
-#: address -> served model name; vLLM rejects a request whose "model" is not the served one
-_served_models: dict[str, str] = {}
+    async def context_length(self) -> int | None:
+        """From the model card's ``max_model_len`` (vLLM, SGLang), read once per server."""
+        if self.address not in _context_lengths:
+            try:
+                value = (await self._model_card()).get("max_model_len")
+            except BackendError:
+                value = None
+            _context_lengths[self.address] = int(value) if isinstance(value, int) and value > 0 else None
+        return _context_lengths[self.address]
 
 
 class VLLMBackend(_HTTPBackend):
     path = "/v1/completions"
 
     async def _model_name(self) -> str:
-        model = _served_models.get(self.address)
-        if model is None:
-            try:
-                response = await self.client.get(base_url(self.address) + "/v1/models")
-                model = _served_models[self.address] = response.json()["data"][0]["id"]
-            except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
-                raise BackendError(f"cannot read the served model of {self.address}: {error}") from error
-        return model
+        """vLLM rejects a request whose ``model`` is not the served one."""
+        return (await self._model_card())["id"]
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
         body = {**params, "model": await self._model_name(), "prompt": prompt_ids,
@@ -126,6 +145,18 @@ class LlamaCppBackend(_HTTPBackend):
         logprobs = [float(p.get("logprob", 0.0)) for p in probs] or [0.0] * len(token_ids)
         finish = "length" if reply.get("stop_type") == "limit" else "stop"
         return Completion(list(token_ids), logprobs, finish)
+
+    async def context_length(self) -> int | None:
+        """llama.cpp's ``GET /props``: ``default_generation_settings.n_ctx``."""
+        if self.address not in _context_lengths:
+            value = None
+            try:
+                props = (await self.client.get(base_url(self.address) + "/props")).json()
+                value = props.get("default_generation_settings", {}).get("n_ctx") or props.get("n_ctx")
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            _context_lengths[self.address] = int(value) if isinstance(value, int) and value > 0 else None
+        return _context_lengths[self.address]
 
 
 def _finish(reason: str | None) -> str:

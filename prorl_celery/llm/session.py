@@ -40,6 +40,13 @@ class TokenSession:
         self._messages: list[dict[str, Any]] = []
         self._open_turn = False  # the last model turn ended without the end-of-turn token
 
+    async def fit_backend_context(self) -> None:
+        """Shrink the context length to the backend's own when it reports a smaller one, so a
+        turn never asks for more than the server holds (PRORL_MAX_MODEL_LEN is an upper bound)."""
+        length = await self.backend.context_length()
+        if length is not None:
+            self.max_model_len = min(self.max_model_len, length)
+
     # -- handlers.ChatLLM ---------------------------------------------------------------------
 
     def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> None:

@@ -58,7 +58,8 @@ class BackgroundServer:
 
 
 def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | None,
-                 token_delay: float = 0.0, seed: int = 0, model_name: str | None = None) -> Any:
+                 token_delay: float = 0.0, seed: int = 0, model_name: str | None = None,
+                 max_model_len: int | None = None) -> Any:
     """The engine the command-line options describe (exactly one of model and scripted)."""
     from .engines import ScriptedEngine, TorchEngine
 
@@ -67,7 +68,7 @@ def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | No
     if model is not None:
         return TorchEngine(model, tokenizer=tokenizer, model_name=model_name)
     return ScriptedEngine(tokenizer or "qwen3", Path(scripted), token_delay_s=token_delay,
-                          seed=seed, model_name=model_name)
+                          seed=seed, model_name=model_name, max_model_len=max_model_len or 32768)
 
 
 @click.command("llm-serve")
@@ -84,15 +85,19 @@ def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | No
               help="seconds between generated tokens (scripted)")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the random replies")
 @click.option("--model-name", default=None, help="name reported by /v1/models")
+@click.option("--max-model-len", type=int, default=None,
+              help="context length the scripted server enforces and reports (default 32768)")
 @click.option("--log-level", default="info", show_default=True)
 def llm_serve(model: str | None, scripted: str | None, tokenizer: str | None, host: str, port: int,
-              token_delay: float, seed: int, model_name: str | None, log_level: str) -> None:
+              token_delay: float, seed: int, model_name: str | None, max_model_len: int | None,
+              log_level: str) -> None:
     """Serve an LLM over the vLLM, SGLang and llama.cpp protocols."""
     import uvicorn
 
     from .app import create_llm_app
 
     engine = build_engine(model=model, scripted=scripted, tokenizer=tokenizer,
-                          token_delay=token_delay, seed=seed, model_name=model_name)
+                          token_delay=token_delay, seed=seed, model_name=model_name,
+                          max_model_len=max_model_len)
     click.echo(f"serving {engine.model_name} on http://{host}:{port}", err=True)
     uvicorn.run(create_llm_app(engine), host=host, port=port, log_level=log_level)
