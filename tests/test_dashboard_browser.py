@@ -26,8 +26,8 @@ def math(problem: str, answer: str, **extra) -> dict:
     return {"data_source": "math", "problem": problem, "answer": answer, **extra}
 
 
-@pytest.fixture(scope="session")
-def browser():
+@pytest.fixture(scope="module")  # Playwright's sync API keeps an event loop running in this thread:
+def browser():                    # it must stop before other modules call asyncio.run
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium chromium-driver)")
     try:
