@@ -75,7 +75,7 @@ def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatu
     keep = None if status.terminal else (current or {}).get("id")
     for entry in services.sandboxes.ledger.list(services.settings.node):
         if entry.job_id == job_id and entry.sandbox_id != keep:
-            # without "workspace": the directory is the job's, maybe in use by a later attempt
+            # its workspace is its own (one per sandbox), so it goes too: a later attempt has another
             run_coro(_close_sandbox(services, {"id": entry.sandbox_id, "node": entry.node}))
 
 

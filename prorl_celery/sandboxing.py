@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,6 +41,7 @@ class JobSandboxes:
 
     def __init__(self, redis_client: Any, *, node: str, runtime: str, root: str) -> None:
         self.node, self.runtime_name, self.root = node, runtime, Path(root)
+        self.workspaces = self.root / "workspaces"
         self.allocator = RedisAddressAllocator(redis_client, node)
         self.ledger = RedisSandboxLedger(redis_client)
         self._runtime: Runtime | None = None
@@ -57,8 +59,10 @@ class JobSandboxes:
 
     async def start(self, job_id: str, request: SandboxRequest) -> dict[str, str]:
         """Start the job's sandbox; returns what RUN needs to find and stop it."""
-        workspace = self.root / "workspaces" / job_id
-        workspace.mkdir(parents=True, exist_ok=True)
+        # one directory per sandbox, not per job: a retried job's new sandbox must not share
+        # (or lose) its workspace to the reaping of the old one
+        workspace = self.workspaces / f"{job_id}.{uuid.uuid4().hex[:8]}"
+        workspace.mkdir(parents=True)
         limits = Limits(memory_bytes=request.memory_bytes, max_processes=request.max_processes,
                         cpu_seconds=request.cpu_seconds)
         env = {SEARCH_CORPUS_ENV: request.search_corpus} if request.search_corpus else {}
@@ -79,12 +83,13 @@ class JobSandboxes:
         if not sandbox:
             return
         record = self.ledger.get(sandbox["node"], sandbox["id"])
+        workspace = sandbox.get("workspace") or (record.workspace if record else "")
         if record is not None:
             report = await asyncio.to_thread(stop_recorded, self.ledger, record, allocator=self.allocator)
             if report.left:
                 log.error("sandbox %s: pids %s survived SIGKILL", sandbox["id"], report.left)
-        if sandbox.get("workspace"):
-            shutil.rmtree(sandbox["workspace"], ignore_errors=True)
+                return  # the workspace may still be in use
+        self._remove_workspace(workspace)
 
     def reap_dead_owners(self) -> int:
         """Stop the sandboxes on this node whose worker process died; returns how many."""
@@ -92,7 +97,14 @@ class JobSandboxes:
         for report in reports:
             log.warning("reaped sandbox %s of job %s (owner %s gone)", report.sandbox_id, report.job_id,
                         report.worker)
+            if not report.left:
+                self._remove_workspace(report.workspace)
         return len(reports)
+
+    def _remove_workspace(self, workspace: str) -> None:
+        """Remove a job workspace this node made (never a path outside ``workspaces/``)."""
+        if workspace and Path(workspace).parent == self.workspaces:
+            shutil.rmtree(workspace, ignore_errors=True)
 
 
 @asynccontextmanager

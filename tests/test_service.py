@@ -338,6 +338,8 @@ def test_killed_run_worker_leaves_no_sandbox_running(gateway, backend):
     eventually(lambda: state.hlen(keys.node_sandboxes(sandbox["node"])) == 0, 30, "sandbox reaped")
     assert state.hlen(keys.node_addresses(sandbox["node"])) == 0
     assert not os.path.exists(sandbox["socket_path"])
+    assert os.path.basename(sandbox["workspace"]).startswith(job_id + ".")
+    eventually(lambda: not os.path.exists(sandbox["workspace"]), 10, "the reaped sandbox's workspace removed")
     cluster.wait_for_workers()
 
 

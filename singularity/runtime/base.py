@@ -320,7 +320,7 @@ class Runtime(ABC):
             owner=_ref(os.getpid()), runtime=self.name, root=sandbox.root, pidns=sandbox.pidns,
             refs=sandbox.refs, address=sandbox.address if sandbox.leased else None,
             socket_path=str(sandbox.socket_path), state_dir=str(sandbox.state_dir),
-            started_at=time.time())
+            workspace=str(sandbox.workspace), started_at=time.time())
 
 
 def sandbox_env(spec: SandboxSpec, *, path: str = DEFAULT_PATH, home: str = "/tmp",

@@ -43,6 +43,7 @@ class SandboxRecord(BaseModel):
     address: str | None = None  # the leased loopback address, released when reaped
     socket_path: str = ""
     state_dir: str = ""
+    workspace: str = ""  # the host workspace; the caller that made it decides when it goes
     started_at: float = 0.0
 
 
@@ -94,6 +95,7 @@ class ReapReport(BaseModel):
     worker: str
     killed: list[int]  # pids that were still running and got stopped
     left: list[int]  # pids still running after SIGKILL (should be empty)
+    workspace: str = ""  # the record's workspace (not removed here: it is the caller's)
 
 
 def stop_recorded(ledger: SandboxLedger, record: SandboxRecord, *,
@@ -108,7 +110,8 @@ def stop_recorded(ledger: SandboxLedger, record: SandboxRecord, *,
                              newer_than=time.monotonic() - procfs.poll_age_s())
     left = procfs.terminate(record.root, record.pidns, record.refs, grace_s) if running else []
     report = ReapReport(sandbox_id=record.sandbox_id, job_id=record.job_id, worker=record.worker,
-                        killed=[i.pid for i in running], left=[i.pid for i in left])
+                        killed=[i.pid for i in running], left=[i.pid for i in left],
+                        workspace=record.workspace)
     if not left:
         if allocator is not None and record.address:
             allocator.release(record.address, record.sandbox_id)
