@@ -85,7 +85,8 @@ def parse_args(argv: list[str] | None) -> Plan:
     parser.add_argument("--rounds", type=int, help="alternating rounds, part 2 (default 2; --quick 1)")
     parser.add_argument("--slow", type=float, default=0.6, help="a slow INIT or EVAL, part 2 (s)")
     parser.add_argument("--fast", type=float, default=0.05, help="a fast INIT or EVAL, part 2 (s)")
-    parser.add_argument("--pipeline-delay", type=float, default=0.1, help="LLM latency per request, part 2 (s)")
+    parser.add_argument("--pipeline-delay", type=float, default=0.25,
+                        help="LLM latency per request, part 2 (s; default: part 1's)")
     parser.add_argument("--sim-jobs", type=int, default=4000, help="simulated jobs, part 3")
     parser.add_argument("--sim-streams", type=int, default=10, help="simulated job streams (seeds), part 3")
     parser.add_argument("--sim-concurrency", type=int, default=32, help="jobs in RUN at once, part 3 simulation")
