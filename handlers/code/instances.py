@@ -30,6 +30,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from handlers.rows import prompt_messages
 
 DEFAULT_TIME_LIMIT_S = 2.0
 MAX_TIME_LIMIT_S = 60.0
@@ -39,7 +40,6 @@ DEFAULT_MAX_ITERATIONS = 12
 MAX_ITERATIONS_CAP = 40
 TOOL_NAMES = ("editor", "bash", "python")
 DEFAULT_TOOLS = ("editor", "bash")
-ROLES = frozenset({"system", "user", "assistant", "tool"})
 SOLUTION_FILE = "solution.py"
 
 SHAPE_HINT = ("a code instance needs 'problem' with 'tests' (or 'input_output', 'official_tests', "
@@ -124,10 +124,7 @@ def _from_plain_row(instance: dict[str, Any]) -> CodeInstance:
 
 
 def _from_verl_row(instance: dict[str, Any]) -> CodeInstance:
-    prompt = instance.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"field 'prompt' must be a non-empty list of messages; {SHAPE_HINT}")
-    messages = [_message(item, index) for index, item in enumerate(prompt)]
+    messages = prompt_messages(instance.get("prompt"), SHAPE_HINT)
     reward_model = instance.get("reward_model")
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
         raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
@@ -328,17 +325,6 @@ def _examples(value: Any) -> list[dict[str, str]]:
 def _section(instance: dict[str, Any], key: str, title: str) -> str:
     value = instance.get(key)
     return f"{title}\n{value.strip()}" if isinstance(value, str) and value.strip() else ""
-
-
-def _message(item: Any, index: int) -> dict[str, Any]:
-    where = f"field 'prompt[{index}]'"
-    if not isinstance(item, dict):
-        raise ValueError(f"{where} must be an object with 'role' and 'content'")
-    if item.get("role") not in ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {item.get('role')!r}")
-    if not isinstance(item.get("content"), str):
-        raise ValueError(f"{where}.content must be a string")
-    return dict(item)
 
 
 def default_messages(statement: str, style: str, fn_name: str, examples: list[dict[str, str]],

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.math.grading import extract_boxed
+from handlers.rows import prompt_messages, read_max_iterations
 
 SYSTEM_PROMPT = (
     "You are a careful mathematician. Reason step by step, then state the final answer "
@@ -32,7 +33,6 @@ MAX_ITERATIONS_CAP = 8
 
 PROBLEM_KEYS = ("problem", "question", "query")
 ANSWER_KEYS = ("answer", "final_answer", "ground_truth", "target")
-ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 SHAPE_HINT = (
     "instance needs either 'problem' and 'answer' or 'prompt' and 'reward_model.ground_truth'"
@@ -53,7 +53,7 @@ def normalize_instance(instance: Any) -> MathInstance:
     """Return the instance as messages + ground truth; ValueError names what is wrong."""
     if not isinstance(instance, dict):
         raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
-    max_iterations = _max_iterations(instance)
+    max_iterations = read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP)
     if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
         return _from_verl_row(instance, max_iterations)
     return _from_plain_pair(instance, max_iterations)
@@ -96,10 +96,7 @@ def _from_plain_pair(instance: dict[str, Any], max_iterations: int) -> MathInsta
 
 
 def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> MathInstance:
-    prompt = instance.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"field 'prompt' must be a non-empty list of messages; {SHAPE_HINT}")
-    messages = [_message(item, index) for index, item in enumerate(prompt)]
+    messages = prompt_messages(instance.get("prompt"), SHAPE_HINT)
     reward_model = instance.get("reward_model")
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
         raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
@@ -116,27 +113,6 @@ def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> MathInstanc
         "extra_info": extra_info,
     }
     return MathInstance(messages, ground_truth, max_iterations, metadata)
-
-
-def _message(item: Any, index: int) -> dict[str, Any]:
-    where = f"field 'prompt[{index}]'"
-    if not isinstance(item, dict):
-        raise ValueError(f"{where} must be an object with 'role' and 'content'")
-    if item.get("role") not in ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {item.get('role')!r}")
-    if not isinstance(item.get("content"), str):
-        raise ValueError(f"{where}.content must be a string")
-    return dict(item)  # a copy: the instance itself stays untouched
-
-
-def _max_iterations(instance: dict[str, Any]) -> int:
-    value = instance.get("max_iterations")
-    if value is None:
-        return DEFAULT_MAX_ITERATIONS
-    # bool is an int subclass; "true" turns is a client bug worth reporting
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"field 'max_iterations' must be a positive integer, got {value!r}")
-    return min(value, MAX_ITERATIONS_CAP)
 
 
 def _first_present(instance: dict[str, Any], keys: tuple[str, ...]) -> str | None:

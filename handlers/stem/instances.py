@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.stem.grading import ANSWER_TYPES
+from handlers.rows import prompt_messages, read_max_iterations
 
 SYSTEM_PROMPT = (
     "You answer science questions with the help of tools. Use `search` to look up facts in the "
@@ -43,7 +44,6 @@ DEFAULT_MAX_ITERATIONS = 8
 MAX_ITERATIONS_CAP = 16
 DEFAULT_TOLERANCE = 0.01
 QUESTION_KEYS = ("question", "problem", "query")
-ROLES = frozenset({"system", "user", "assistant", "tool"})
 #: WebInstruct-verified ``answer_type`` values graded as numbers
 NUMERIC_TYPE_NAMES = frozenset({"numeric", "number", "float", "integer", "percentage"})
 _BARE_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
@@ -74,7 +74,7 @@ def normalize_instance(instance: Any) -> StemInstance:
     """Return the instance in the handler's shape; ValueError names the bad field."""
     if not isinstance(instance, dict):
         raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
-    max_iterations = _max_iterations(instance)
+    max_iterations = read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP)
     if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
         return _from_verl_row(instance, max_iterations)
     return _from_plain(instance, max_iterations)
@@ -115,10 +115,7 @@ def _from_plain(instance: dict[str, Any], max_iterations: int) -> StemInstance:
 
 
 def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> StemInstance:
-    prompt = instance.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"field 'prompt' must be a non-empty list of messages; {SHAPE_HINT}")
-    messages = [_message(item, index) for index, item in enumerate(prompt)]
+    messages = prompt_messages(instance.get("prompt"), SHAPE_HINT)
     reward_model = instance.get("reward_model")
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
         raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
@@ -206,21 +203,3 @@ def _string_list(value: Any, key: str) -> list[str]:
     return [v.strip() for v in value]
 
 
-def _message(item: Any, index: int) -> dict[str, Any]:
-    where = f"field 'prompt[{index}]'"
-    if not isinstance(item, dict):
-        raise ValueError(f"{where} must be an object with 'role' and 'content'")
-    if item.get("role") not in ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {item.get('role')!r}")
-    if not isinstance(item.get("content"), str):
-        raise ValueError(f"{where}.content must be a string")
-    return dict(item)
-
-
-def _max_iterations(instance: dict[str, Any]) -> int:
-    value = instance.get("max_iterations")
-    if value is None:
-        return DEFAULT_MAX_ITERATIONS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"field 'max_iterations' must be a positive integer, got {value!r}")
-    return min(value, MAX_ITERATIONS_CAP)

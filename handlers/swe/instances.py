@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from handlers.rows import prompt_messages, read_max_iterations
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED_REPOS = DATA_DIR / "repos"
@@ -45,7 +46,6 @@ DEFAULT_EVAL_TIMEOUT_S = 300.0
 MAX_EVAL_TIMEOUT_S = 3600.0
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS")
-ROLES = frozenset({"system", "user", "assistant", "tool"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 _REPO = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9_.-]*)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)$")
@@ -137,7 +137,8 @@ def normalize_instance(instance: Any) -> SweInstance:
         instance_id=instance_id, repo=repo, base_commit=base_commit,
         problem_statement=_string(fields, "problem_statement", where), test_patch=test_patch,
         fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, bundle=find_bundle(repo, where),
-        gold_patch=gold, prompt=prompt, max_iterations=_max_iterations(instance),
+        gold_patch=gold, prompt=prompt,
+        max_iterations=read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP),
         eval_timeout_s=_eval_timeout(instance), test_env=_test_env(fields, where), metadata=metadata)
 
 
@@ -169,10 +170,7 @@ def load_instances(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def _verl_fields(row: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError("field 'prompt' must be a non-empty list of messages")
-    messages = [_message(item, index) for index, item in enumerate(prompt)]
+    messages = prompt_messages(row.get("prompt"))
     reward_model = row.get("reward_model", {})
     if not isinstance(reward_model, dict):
         raise ValueError("field 'reward_model' must be an object")
@@ -192,17 +190,6 @@ def _verl_fields(row: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, A
             raise ValueError("field 'reward_model.ground_truth' is not valid JSON") from None
     fields = {**(ground_truth if isinstance(ground_truth, dict) else {}), **extra_info}
     return messages, fields
-
-
-def _message(item: Any, index: int) -> dict[str, Any]:
-    where = f"field 'prompt[{index}]'"
-    if not isinstance(item, dict):
-        raise ValueError(f"{where} must be an object with 'role' and 'content'")
-    if item.get("role") not in ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {item.get('role')!r}")
-    if not isinstance(item.get("content"), str):
-        raise ValueError(f"{where}.content must be a string")
-    return dict(item)
 
 
 def _string(fields: dict[str, Any], key: str, where: str) -> str:
@@ -228,15 +215,6 @@ def _tests(fields: dict[str, Any], key: str, where: str, allow_empty: bool) -> l
         if file.startswith("/") or ".." in file.split("/") or any(c in test for c in "\n\r\0"):
             raise ValueError(f"field '{where}{key}': {test!r} is not a test node id inside the repository")
     return list(value)
-
-
-def _max_iterations(instance: dict[str, Any]) -> int:
-    value = instance.get("max_iterations")
-    if value is None:
-        return DEFAULT_MAX_ITERATIONS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"field 'max_iterations' must be a positive integer, got {value!r}")
-    return min(value, MAX_ITERATIONS_CAP)
 
 
 def _test_env(fields: dict[str, Any], where: str) -> dict[str, str]:
