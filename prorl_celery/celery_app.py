@@ -45,9 +45,10 @@ def create_celery() -> Celery:
         # the stage claim in the job store already turns any redelivery into a no-op
         task_acks_late=False,
         worker_prefetch_multiplier=1,  # a busy worker must not hoard long jobs
-        # not worker_disable_prefetch: with the threads pool a full worker then re-polls only
-        # once a second, which cost the pipeline 40 % of its throughput (bench/scale.py); the
-        # short visibility timeout above returns a killed worker's prefetched stages instead
+        # worker_disable_prefetch only on RUN workers (prorl_celery.workers): with the threads
+        # pool a full worker then re-polls only once a second, which cost the pipeline 40 % of
+        # its throughput on short INIT/EVAL stages; the short visibility timeout above returns a
+        # killed INIT/EVAL worker's prefetched stages
         worker_pool="threads",  # stages wait on I/O; each thread runs its own event loop
         worker_concurrency=16,
         worker_hijack_root_logger=False,

@@ -41,6 +41,11 @@ def add_node_queue(sender: str, instance, **_: object) -> None:
         name = node_queue(Stage.RUN, get_services().settings.node)
         queues.select_add(name)
         log.info("RUN worker %s also consumes %s", sender, name)
+        # RUN stages are long and uneven (whole conversations): a RUN worker whose threads are
+        # all busy must not hold a fetched message another worker could start now. INIT and
+        # EVAL keep prefetching: their stages are short, and without prefetch a full threads
+        # pool re-polls only once a second (bench/scale.py: 0.62x instead of 1.38x).
+        instance.app.conf.worker_disable_prefetch = True
 
 
 @worker_ready.connect
