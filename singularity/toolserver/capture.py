@@ -50,13 +50,21 @@ class Capture:
             self.waiter.set_result(None)
 
     async def wait(self, timeout_s: float) -> bool:
-        """Wait until done; False on timeout."""
+        """Wait until done; False on timeout (the capture may be waited on again)."""
         if self.done:
             return True
-        if self.waiter is None:
-            self.waiter = asyncio.get_running_loop().create_future()
-        done, _ = await asyncio.wait({self.waiter}, timeout=timeout_s)
-        return bool(done)
+        loop = asyncio.get_running_loop()
+        if self.waiter is None or self.waiter.done():
+            self.waiter = loop.create_future()
+        # a timer, not asyncio.wait or wait_for: their bookkeeping was a tenth of a bash call
+        timer = loop.call_later(timeout_s, _expire, self.waiter)
+        try:
+            await self.waiter
+        except TimeoutError:
+            pass
+        finally:
+            timer.cancel()
+        return self.done
 
     def _append(self, data: bytes) -> None:
         self.total += len(data)
@@ -90,3 +98,8 @@ class Capture:
         limit = self.head_limit + self.tail_limit
         note = f"\n[... {dropped} bytes of output dropped (limit {limit} bytes) ...]\n"
         return self.head.decode(errors="replace") + note + kept.decode(errors="replace"), True
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())

@@ -53,9 +53,9 @@ class ToolClient:
         self.connect_timeout_s, self.margin_s = connect_timeout_s, margin_s
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._frames = protocol.FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._write_paused: asyncio.Future | None = None  # set while the socket buffer is full
         self._gone: str | None = None  # why the connection ended, once it has
         self._connect_lock = asyncio.Lock()
 
@@ -63,34 +63,31 @@ class ToolClient:
 
     async def connect(self) -> ToolClient:
         async with self._connect_lock:
-            if self._writer is not None:
+            if self._transport is not None:
                 return self
+            loop = asyncio.get_running_loop()
             try:
                 if self._tcp is not None:
-                    opening = asyncio.open_connection(*self._tcp)
-                    self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout_s)
+                    opening = loop.create_connection(self._protocol, *self._tcp)
+                    await asyncio.wait_for(opening, self.connect_timeout_s)
                 else:
                     with usable_path(self._socket_path) as path:
-                        opening = asyncio.open_unix_connection(path)
-                        self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout_s)
+                        opening = loop.create_unix_connection(self._protocol, path)
+                        await asyncio.wait_for(opening, self.connect_timeout_s)
             except (OSError, TimeoutError) as exc:
                 raise ToolServerGone(
                     f"cannot connect to the tool server at {self.address}: {exc}"
                 ) from exc
-            self._reader_task = asyncio.get_running_loop().create_task(self._read_responses())
         return self
+
+    def _protocol(self) -> _ClientProtocol:
+        return _ClientProtocol(self)
 
     async def close(self) -> None:
         self._fail_all("the client was closed")
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            await asyncio.gather(self._reader_task, return_exceptions=True)
-        if self._writer is not None:
-            self._writer.close()
-            try:
-                await self._writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+            await asyncio.sleep(0)  # let the transport run connection_lost
 
     async def __aenter__(self) -> ToolClient:
         return await self.connect()
@@ -172,48 +169,46 @@ class ToolClient:
         deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> dict[str, Any]:
         """Send one request and return the ``result`` dict, or raise a :class:`ToolError`."""
-        if self._writer is None:
+        if self._transport is None:
             await self.connect()
         if self._gone is not None:
             raise ToolServerGone(self._gone)
         if isinstance(args, protocol.Model):
             args = args.to_dict()
         request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        loop = asyncio.get_running_loop()
+        future = self._pending[request_id] = loop.create_future()
+        # a timer, not asyncio.wait_for: its bookkeeping was a measurable share of a bash call
+        timer = loop.call_later(deadline_s, _expire, future)
         try:
-            self._writer.write(
+            self._transport.write(
                 protocol.encode({"id": request_id, "tool": tool, "args": args or {}})
             )
-            await self._writer.drain()
-            response: Response = await asyncio.wait_for(future, deadline_s)
-        except ToolError:
-            raise
+            if self._write_paused is not None:
+                await asyncio.shield(self._write_paused)
+            response: Response = await future
         except TimeoutError:
             raise ToolTimeout(
                 f"no answer to {tool} within {deadline_s:.1f} s from {self.address}"
             ) from None
-        except (ConnectionError, OSError) as exc:
-            raise ToolServerGone(f"lost the tool server at {self.address}: {exc}") from exc
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
         if not response.ok:
             raise ToolError.from_payload(response.error.code, response.error.message)
         return response.result
 
-    async def _read_responses(self) -> None:
-        reason = "the tool server closed the connection"
+    def _on_frames(self, data: bytes) -> None:
         try:
-            while (body := await protocol.read_frame(self._reader)) is not None:
+            bodies = self._frames.feed(data)
+            for body in bodies:
                 response = protocol.parse_response(body)
                 future = self._pending.get(response.id)
                 if future is not None and not future.done():
                     future.set_result(response)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            reason = f"the tool server connection broke: {exc!r}"
         except (ValueError, protocol.FrameError) as exc:
-            reason = f"the tool server sent an unreadable frame: {exc}"
-        self._fail_all(f"{reason} ({self.address})")
+            self._fail_all(f"the tool server sent an unreadable frame: {exc} ({self.address})")
+            self._transport.close()
 
     def _fail_all(self, reason: str) -> None:
         self._gone = self._gone or reason
@@ -221,3 +216,42 @@ class ToolClient:
             if not future.done():
                 future.set_exception(ToolServerGone(self._gone))
         self._pending.clear()
+        if self._write_paused is not None and not self._write_paused.done():
+            self._write_paused.set_result(None)
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """Responses are matched to their futures right in ``data_received``: no reader task, so
+    an answer wakes the caller directly."""
+
+    def __init__(self, client: ToolClient) -> None:
+        self.client = client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.client._on_frames(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            reason = "the tool server closed the connection"
+        else:
+            reason = f"the tool server connection broke: {exc!r}"
+        self.client._fail_all(f"{reason} ({self.client.address})")
+
+    def pause_writing(self) -> None:
+        self.client._write_paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        paused, self.client._write_paused = self.client._write_paused, None
+        if paused is not None and not paused.done():
+            paused.set_result(None)
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

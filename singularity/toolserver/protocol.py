@@ -26,7 +26,6 @@ The error codes are listed in :mod:`singularity.toolserver.errors`.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
@@ -260,19 +259,38 @@ def encode(message: dict[str, Any] | Model) -> bytes:
     return frame(_ENCODER.encode(message))
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
-    """The body of the next frame, or None at a clean end of stream (between frames).
+class FrameReader:
+    """Splits a byte stream into frame bodies, for ``asyncio.Protocol.data_received``.
 
-    Raises :class:`FrameError` for a frame over the limit, ``asyncio.IncompleteReadError``
-    when the stream ends inside a frame.
+    Protocol callbacks rather than ``StreamReader``: a stream reader costs a task wake-up per
+    frame on each side, a measurable share of a bash call that takes a tenth of a millisecond.
     """
-    try:
-        header = await reader.readexactly(HEADER_BYTES)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    size = int.from_bytes(header, "big")
-    if size > MAX_FRAME:
-        raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME}")
-    return await reader.readexactly(size)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    @property
+    def partial(self) -> bool:
+        """Whether bytes of an unfinished frame are waiting (a stream that ends now is cut)."""
+        return bool(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The bodies of the frames that ``data`` completes; :class:`FrameError` for one over
+        the limit (the stream cannot be resynchronised after that)."""
+        buffer = self._buffer
+        if not buffer and len(data) >= HEADER_BYTES:  # the common case: whole frames at once
+            size = int.from_bytes(data[:HEADER_BYTES], "big")
+            if len(data) == HEADER_BYTES + size and size <= MAX_FRAME:
+                return [data[HEADER_BYTES:]]
+        buffer += data
+        bodies = []
+        while len(buffer) >= HEADER_BYTES:
+            size = int.from_bytes(buffer[:HEADER_BYTES], "big")
+            if size > MAX_FRAME:
+                raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME}")
+            end = HEADER_BYTES + size
+            if len(buffer) < end:
+                break
+            bodies.append(bytes(buffer[HEADER_BYTES:end]))
+            del buffer[:end]
+        return bodies
