@@ -115,6 +115,7 @@ class KernelSession:
         os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # debugpy's start-up warning
         if self.ipython_dir is not None:  # never the user's ~/.ipython (start-up files, history)
             os.environ.setdefault("IPYTHONDIR", str(self.ipython_dir))
+        complete_site()
         from ipykernel.inprocess.manager import InProcessKernelManager
         from traitlets.config import Config
 
@@ -185,6 +186,20 @@ class KernelSession:
         if self._manager is not None:
             self._manager.shutdown_kernel()
             self._manager = self._kernel = None
+
+
+_site_completed = False
+
+
+def complete_site() -> None:
+    """Run ``site`` now if the server started with ``python -S`` (to be ready sooner): cells see
+    the interpreter's usual ``sys.path``, ``.pth`` files (editable installs) processed."""
+    global _site_completed
+    if sys.flags.no_site and not _site_completed:
+        import site
+
+        site.main()
+        _site_completed = True
 
 
 def _plain_traceback(stb: list[str]) -> str:

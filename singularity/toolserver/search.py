@@ -15,11 +15,11 @@ A backend is anything with ``search(query, k) -> list[{"id", "title", "text", "s
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 
 from .errors import ToolError
 from .protocol import SearchArgs, SearchHit, SearchResult, ValidationError
@@ -76,7 +76,7 @@ def load_corpus(path: Path) -> list[dict[str, str]]:
             if not line.strip():
                 continue
             try:
-                raw = json.loads(line)
+                raw = msgspec.json.decode(line)
                 docs.append(
                     {
                         "id": str(raw.get("id", number)),
@@ -105,11 +105,11 @@ class HTTPSearchBackend:
         import urllib.error
         import urllib.request
 
-        body = json.dumps({"query": query, "k": k}).encode()
+        body = msgspec.json.encode({"query": query, "k": k})
         request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = json.loads(response.read())
+                payload = msgspec.json.decode(response.read())
         except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
             raise ToolError(f"search service {self.url} failed: {exc}", "search_failed") from exc
         hits = payload.get("results") if isinstance(payload, dict) else payload
