@@ -133,12 +133,13 @@ def test_rootfs_commands_come_from_the_definition(tmp_path):
     builder = _builder(tmp_path, recorder, ca_bundle=Path("/etc/site-ca.pem"))
     builder.build(TEST_IMAGE, CacheMode.SCRATCH)
     root = str(tmp_path / "images" / f"prorl-test.rootfs.building-{os.getpid()}")
-    debootstrap, post, test, env = recorder.calls
+    debootstrap, post, test, env, site_dirs = recorder.calls
     assert debootstrap == ["debootstrap", "--variant=minbase", "bookworm", root, "http://deb.debian.org/debian"]
     assert post[:3] == ["bwrap", "--bind", root] and post[-3:] == ["/bin/sh", "-e", "/.prorl-post.sh"]
     assert "--unshare-net" not in post and ["/etc/site-ca.pem", "/etc/prorl-build-ca.pem"] == post[
         post.index("/etc/site-ca.pem"):post.index("/etc/site-ca.pem") + 2]
     assert test[-1].endswith(". /.prorl-test.sh") and "env -0" in env[-1]
+    assert site_dirs[-3:-1] == ["/usr/bin/python3", "-c"] and "getsitepackages" in site_dirs[-1]
     definition = parse_definition(builder.definition(TEST_IMAGE))
     assert inside_command(Path("/r"), ["true"], bwrap=None, ca_bundle=None)[:2] == ["chroot", "/r"]
     with pytest.raises(RootfsBuildError, match="debootstrap"):

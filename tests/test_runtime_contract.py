@@ -152,6 +152,24 @@ def test_async_with_cleans_up(env):
     run(body())
 
 
+def test_server_skips_site_but_cells_get_it(env):
+    """The dev image starts the tool server with ``python -S`` (site costs a fifth of the
+    start-up); an IPython cell still sees what ``site`` sets up (its builtins, user paths)."""
+    if env.kind != "bubblewrap":
+        pytest.skip("not applicable: only the bubblewrap dev image knows its site-packages")
+
+    async def body():
+        async with await env.runtime.start(env.spec()) as sandbox:
+            async with sandbox.client() as client:
+                cmdline = (await client.bash("tr '\\0' ' ' < /proc/$PPID/cmdline")).output
+                cell = await client.ipython(
+                    "import builtins, sys; print(sys.flags.no_site, hasattr(builtins, 'credits'))"
+                )
+        assert " -S -m singularity.toolserver " in cmdline
+        assert cell.stdout.split() == ["1", "True"]
+    run(body())
+
+
 def test_file_round_trip_through_workspace(env):
     async def body():
         spec = env.spec()

@@ -98,8 +98,12 @@ def test_bubblewrap_argv(tmp_path):
     assert _pairs(args, "--remount-ro", 1) == [("/",)]
     assert ("K", "v") in _pairs(args, "--setenv") and ("HOME", "/tmp") in _pairs(args, "--setenv")
     assert ("1777", "--size") in _pairs(args, "--perms")
-    assert command[-7:] == [sys.executable, "-m", "singularity.toolserver", "--socket",
+    # the dev image knows its site-packages: python -S, and they follow the source on PYTHONPATH
+    assert command[-8:] == [sys.executable, "-S", "-m", "singularity.toolserver", "--socket",
                             "/run/toolserver/tool.sock", "--workspace", "/workspace"]
+    pythonpath = dict(_pairs(args, "--setenv"))["PYTHONPATH"].split(":")
+    assert pythonpath[0] == "/opt/prorl" and set(dev_layout().site_dirs) <= set(pythonpath)
+    assert dev_layout().site_dirs and all(os.path.isdir(d) for d in dev_layout().site_dirs)
     assert "--nproc=32:32" in command
     if runtime.privileged:  # root caller: the sandbox drops to nobody inside
         assert _pairs(args, "--userns-block-fd", 1) == [("8",)]

@@ -78,6 +78,9 @@ def copy_files(definition: Definition, root: Path) -> None:
             shutil.copy2(source, destination)
 
 
+PYTHON = "/usr/bin/python3"
+
+
 def build_rootfs(definition: Definition, root: Path, *, run: Runner = subprocess.run,
                  bwrap: str | None = None, ca_bundle: Path | None = None,
                  log: Any = None) -> dict[str, Any]:
@@ -101,9 +104,24 @@ def build_rootfs(definition: Definition, root: Path, *, run: Runner = subprocess
             argv = inside_command(root, command, bwrap=bwrap, ca_bundle=ca_bundle)
             _check(run(argv, **out), f"%{section}")
             script.unlink()
-    metadata = {"python": "/usr/bin/python3", "env": _effective_env(root, run, bwrap)}
+    metadata = {"python": PYTHON, "env": _effective_env(root, run, bwrap),
+                "site_dirs": _site_dirs(root, run, bwrap)}
     (root / METADATA).write_text(json.dumps(metadata, indent=2, sort_keys=True))
     return metadata
+
+
+def _site_dirs(root: Path, run: Runner, bwrap: str | None) -> list[str]:
+    """The image interpreter's site-packages directories (the runtime starts the tool server with
+    ``python -S`` and these on PYTHONPATH); empty when they cannot be read."""
+    script = "import json, os, site; print(json.dumps([d for d in site.getsitepackages() if os.path.isdir(d)]))"
+    done = run(inside_command(root, [PYTHON, "-c", script], bwrap=bwrap, ca_bundle=None), capture_output=True)
+    if done.returncode != 0:
+        return []
+    try:
+        dirs = json.loads(done.stdout or b"[]")
+    except ValueError:
+        return []
+    return [d for d in dirs if isinstance(d, str)]
 
 
 def _effective_env(root: Path, run: Runner, bwrap: str | None) -> dict[str, str]:

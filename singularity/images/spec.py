@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 #: what the tool server needs inside every image (besides Python 3.11+ and bash)
-TOOLSERVER_PIP = ("msgspec>=0.18", "ptyprocess>=0.7", "ipykernel>=6.29")
+TOOLSERVER_PIP = ("msgspec>=0.18", "uvloop>=0.19", "ptyprocess>=0.7", "ipykernel>=6.29")
 #: Debian packages every image gets: the tool server's runtime, and util-linux for
 #: ``prlimit``/``setpriv`` (the bubblewrap runtime applies limits and drops privileges with them)
 BASE_APT = ("python3", "python3-pip", "bash", "ca-certificates", "util-linux")

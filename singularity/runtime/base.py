@@ -221,9 +221,15 @@ class Runtime(ABC):
         """The host path of the socket (runtimes that bind the socket directory use this)."""
         return sandbox_dir / "sock" / SOCKET_NAME
 
-    def server_command(self, python: str, socket_path: str, workspace: str) -> list[str]:
+    def server_command(self, python: str, socket_path: str, workspace: str, *,
+                       no_site: bool = False) -> list[str]:
+        """The tool server's argv; ``no_site`` adds ``-S`` after the interpreter (the caller puts
+        site-packages on PYTHONPATH)."""
         values = {"python": python, "socket": socket_path, "workspace": workspace}
-        return [part.format(**values) for part in self.server_argv]
+        argv = [part.format(**values) for part in self.server_argv]
+        if no_site and self.server_argv[:1] == ("{python}",):
+            argv.insert(1, "-S")
+        return argv
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox and return once its tool server listens.

@@ -146,15 +146,22 @@ class BubblewrapRuntime(Runtime):
     def _env(self, spec: SandboxSpec, layout: ImageLayout) -> dict[str, str]:
         extra = {key: value for key, value in layout.env.items() if key != "PATH"}
         if self.bind_source:
-            extra["PYTHONPATH"] = SOURCE_TARGET
+            paths = [SOURCE_TARGET, *layout.site_dirs] if self._no_site(layout) else [SOURCE_TARGET]
+            extra["PYTHONPATH"] = ":".join(paths)
         return sandbox_env(spec, path=layout.env.get("PATH", DEFAULT_PATH), extra=extra)
+
+    def _no_site(self, layout: ImageLayout) -> bool:
+        """Start the server with ``python -S``: only when the image says where its packages are,
+        and the framework comes from the bound source (an installed one may need its .pth)."""
+        return self.bind_source and bool(layout.site_dirs)
 
     def _command(self, spec: SandboxSpec, layout: ImageLayout) -> list[str]:
         prefix: list[str] = []
         if self.privileged:
             prefix = ["setpriv", f"--reuid={self.sandbox_uid}", f"--regid={self.sandbox_uid}",
                       "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
-        server = self.server_command(layout.python, f"{SOCKET_DIR}/{SOCKET_NAME}", WORKSPACE)
+        server = self.server_command(layout.python, f"{SOCKET_DIR}/{SOCKET_NAME}", WORKSPACE,
+                                     no_site=self._no_site(layout))
         return prefix + limit_prefix(spec.limits) + server
 
     # -- starting ---------------------------------------------------------------------------

@@ -54,6 +54,10 @@ class ImageLayout:
     mounts: tuple[Mount, ...]
     python: str = "python3"  # the interpreter that runs the tool server, inside
     env: dict[str, str] = field(default_factory=dict)  # PATH and friends from the image
+    #: that interpreter's site-packages directories, when known: the tool server then starts
+    #: with ``python -S`` and these on PYTHONPATH, skipping ``site`` and every ``.pth`` file,
+    #: which was a fifth of a sandbox's start-to-ready time (bench/sandbox.py)
+    site_dirs: tuple[str, ...] = ()
 
     def host_path(self, inside: str) -> Path | None:
         """Where ``inside`` lives on the host, when it is under a bound directory or file."""
@@ -113,7 +117,16 @@ def dev_layout(network: bool = False) -> ImageLayout:
     python = sys.executable or "python3"
     path = ":".join(dict.fromkeys([os.path.dirname(python), "/usr/local/bin", "/usr/bin", "/bin",
                                    "/usr/local/sbin", "/usr/sbin", "/sbin"]))
-    return ImageLayout(DEV_IMAGE, tuple(mounts), python=python, env={"PATH": path})
+    return ImageLayout(DEV_IMAGE, tuple(mounts), python=python, env={"PATH": path},
+                       site_dirs=host_site_dirs())
+
+
+def host_site_dirs() -> tuple[str, ...]:
+    """The running interpreter's site-packages directories that exist (a virtualenv's included)."""
+    import site
+
+    dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    return tuple(d for d in dict.fromkeys(dirs) if os.path.isdir(d))
 
 
 def rootfs_layout(root: Path) -> ImageLayout:
@@ -132,7 +145,7 @@ def rootfs_layout(root: Path) -> ImageLayout:
             mounts.append(Mount("ro-bind", str(path), f"/{entry}"))
     meta = _metadata(root)
     return ImageLayout(str(root), tuple(mounts), python=meta.get("python", "python3"),
-                       env=dict(meta.get("env", {})))
+                       env=dict(meta.get("env", {})), site_dirs=tuple(meta.get("site_dirs", ())))
 
 
 def _metadata(root: Path) -> dict:
