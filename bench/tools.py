@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prorl_celery.aio import new_event_loop
+from singularity.runtime import BubblewrapRuntime, SandboxSpec
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.launch import LocalToolServer, command, environment
 
@@ -92,6 +94,12 @@ def ratio(slow: dict, fast: dict, key: str = "p50_ms") -> float:
     return slow[key] / fast[key] if fast[key] else float("inf")
 
 
+def run_client(coro):
+    """Run the client side on the event loop a worker's stages run on (uvloop's when present)."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coro)
+
+
 async def timed(fn: Callable, n: int) -> list[float]:
     samples = []
     for _ in range(n):
@@ -134,10 +142,10 @@ class TmuxShell:
         self._run("send-keys", "-t", "bench", f"{cmd}; echo {token}$?__", "Enter")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            time.sleep(self.poll_interval_s)  # a poller gives the command time before looking
             screen = self._run("capture-pane", "-p", "-t", "bench")
             if sentinel.search(screen):
                 return screen
-            time.sleep(self.poll_interval_s)
         raise TimeoutError(f"tmux: no sentinel for {cmd!r}")
 
     def close(self) -> None:
@@ -173,17 +181,15 @@ class BarePty:
 
 
 def measure_bash_vs_tmux(ctx: Context) -> dict:
-    server = ctx.start_server("bash")
     tmux, bare = TmuxShell(ctx.workspace()), BarePty(ctx.workspace())
     try:
-        result = asyncio.run(_bash_vs_tmux(ctx, server, tmux, bare))
+        result = run_client(_bash_vs_tmux_in_sandbox(ctx, tmux, bare))
         tmux.poll_interval_s = 0.5
         slow = [_timed_sync(lambda: tmux.execute("echo hi")) for _ in range(ctx.slow_polls)]
         result["echo hi"]["tmux_poll_0.5s"] = stats(slow)
     finally:
         tmux.close()
         bare.close()
-        server.stop()
     echo = result["echo hi"]
     echo["ratio_p50_poll_0.5s"] = ratio(echo["tmux_poll_0.5s"], echo["toolserver"])
     result["targets"] = {
@@ -203,9 +209,26 @@ def _timed_sync(fn: Callable) -> float:
     return time.perf_counter() - started
 
 
-async def _bash_vs_tmux(ctx: Context, server: LocalToolServer, tmux: TmuxShell, bare: BarePty):
+async def _bash_vs_tmux_in_sandbox(ctx: Context, tmux: TmuxShell, bare: BarePty) -> dict:
+    """The tool server in a bubblewrap sandbox (dev image), as workers run it; a plain child
+    process where bubblewrap cannot run (``result["where"]`` says which)."""
+    runtime = BubblewrapRuntime(state_dir=ctx.tmp / "sandboxes")
+    if not runtime.available():
+        server = ctx.start_server("bash")
+        try:
+            result = await _bash_vs_tmux(ctx, ToolClient(server.socket), tmux, bare)
+        finally:
+            server.stop()
+        return {"where": "plain process (bubblewrap unavailable)", **result}
+    spec = SandboxSpec(image="dev", workspace=ctx.tmp / "sandbox-workspace")
+    async with await runtime.start(spec) as sandbox:
+        result = await _bash_vs_tmux(ctx, sandbox.client(), tmux, bare)
+    return {"where": "bubblewrap sandbox", **result}
+
+
+async def _bash_vs_tmux(ctx: Context, client: ToolClient, tmux: TmuxShell, bare: BarePty) -> dict:
     result = {}
-    async with ToolClient(server.socket) as tools:
+    async with client as tools:
         for cmd in ("echo hi", "ls"):
 
             async def through_tmux():
@@ -242,7 +265,7 @@ async def _bash_vs_tmux(ctx: Context, server: LocalToolServer, tmux: TmuxShell, 
 def measure_unix_vs_tcp(ctx: Context) -> dict:
     server = ctx.start_server("transport", tcp="127.0.0.1:0")
     try:
-        return asyncio.run(_unix_vs_tcp(ctx, server))
+        return run_client(_unix_vs_tcp(ctx, server))
     finally:
         server.stop()
 
@@ -283,7 +306,7 @@ def measure_ipython_inproc_vs_zmq(ctx: Context) -> dict:
         client.start_channels()
         client.wait_for_ready(timeout=120)
         zmq_start = time.perf_counter() - started
-        result = asyncio.run(_ipython(ctx, server, client))
+        result = run_client(_ipython(ctx, server, client))
         result["kernel_start_ms"]["zmq"] = zmq_start * 1000
     finally:
         manager.shutdown_kernel(now=True)
@@ -359,7 +382,7 @@ def _start_once(ctx: Context, name: str, no_site: bool) -> tuple[float, ...]:
         line = process.stdout.readline()
         ready = time.perf_counter() - started
         assert line.startswith(b"READY"), line
-        pinged, cpu, bashed = asyncio.run(_first_calls(socket, started, process.pid))
+        pinged, cpu, bashed = run_client(_first_calls(socket, started, process.pid))
         return ready, pinged, bashed, cpu
     finally:
         process.terminate()
@@ -403,8 +426,10 @@ def report(results: dict) -> str:
     def row(label: str, s: dict, note: str = "") -> None:
         lines.append(f"{label:42s} {s['p50_ms']:9.3f} {s['p95_ms']:9.3f}   {note}")
 
+    if "where" in results.get("bash_vs_tmux", {}):
+        lines.append(f"(bash: the tool server runs in a {results['bash_vs_tmux']['where']})")
     for cmd, r in results.get("bash_vs_tmux", {}).items():
-        if cmd != "targets":
+        if cmd not in ("targets", "where"):
             row(f"bash '{cmd}' tool server", r["toolserver"])
             row(
                 f"bash '{cmd}' tmux",
@@ -487,6 +512,7 @@ def environment_info() -> dict:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "loadavg": os.getloadavg(),
+        "client_loop": type(new_event_loop()).__module__,
         "tmux": tmux,
         "versions": versions,
     }
