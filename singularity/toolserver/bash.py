@@ -313,16 +313,14 @@ def ansi_c_quote(command: str) -> bytes:
     such as ^C ^D ^U ^V, UTF-8 bytes) and ``\\ ' !`` are written as ``\\xHH`` escapes, so the
     typed line is always one complete line that bash reads back byte for byte.
     """
-    out = bytearray(b"$'")
-    for byte in command.encode():
-        if 32 <= byte < 127 and byte not in _ESCAPED:
-            out.append(byte)
-        else:
-            out += b"\\x%02x" % byte
-    return bytes(out + b"'")
+    return b"$'" + _NEEDS_ESCAPE.sub(_escape, command.encode()) + b"'"
 
 
-_ESCAPED = frozenset(b"\\'!")
+_NEEDS_ESCAPE = re.compile(rb"[^\x20-\x7e]|[\\'!]")
+
+
+def _escape(match: re.Match[bytes]) -> bytes:
+    return b"\\x%02x" % match.group()[0]
 
 
 def _die_with_parent():
