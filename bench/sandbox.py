@@ -8,6 +8,8 @@ alternating rounds so that machine drift hits every side alike:
 * ``bwrap_true``: a bare ``bwrap --unshare-all ... true`` (the namespaces and mounts alone);
 * ``bwrap_python``: the same with ``python -c pass`` (adds the interpreter's start-up);
 * ``toolserver_bare``: the tool server as a plain child process (no runtime at all);
+* ``toolserver_bare_S``: the same with ``python -S`` and site-packages on PYTHONPATH, as the
+  runtimes start it when the image knows its site-packages;
 * ``process``: the plain-process runtime's start-to-ready (adds its subreaper and bookkeeping);
 * ``bubblewrap``: the real thing, dev image, default limits;
 
@@ -71,15 +73,17 @@ async def time_runtime(runtime: Runtime, spec: SandboxSpec) -> tuple[float, floa
     return ready, (time.perf_counter() - started) * 1000
 
 
-async def time_bare_toolserver(workdir: Path) -> float:
-    """The tool server alone: plain child process, no runtime, no sandbox (ms to first pong)."""
+async def time_bare_toolserver(workdir: Path, no_site: bool = False) -> float:
+    """The tool server alone: plain child process, no runtime, no sandbox (ms to first pong);
+    ``no_site``: started with ``python -S`` as the runtimes start it."""
     from singularity.toolserver.client import ToolClient
+    from singularity.toolserver.launch import command, environment
 
     socket_path = workdir / "bare.sock"
     socket_path.unlink(missing_ok=True)
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "singularity.toolserver", "--socket", str(socket_path),
-                                "--workspace", str(workdir)], stdout=subprocess.PIPE, cwd=ROOT)
+    process = subprocess.Popen(command(socket_path, workdir, no_site=no_site), stdout=subprocess.PIPE,
+                               cwd=ROOT, env=environment(no_site=no_site))
     try:
         while not process.stdout.readline().startswith(b"READY"):
             pass
@@ -103,8 +107,8 @@ def measure(rounds: int, workdir: Path) -> dict[str, list[float]]:
     logging_off()
     spec = SandboxSpec(image="dev", workspace=workdir / "ws")
     samples: dict[str, list[float]] = {k: [] for k in
-                                       ("bwrap_true", "bwrap_python", "toolserver_bare", "process", "bubblewrap",
-                                        "bubblewrap_stop")}
+                                       ("bwrap_true", "bwrap_python", "toolserver_bare", "toolserver_bare_S",
+                                        "process", "bubblewrap", "bubblewrap_stop")}
     true, python = bare_bwrap(["true"]), bare_bwrap([sys.executable, "-c", "pass"])
     for runtime in (bubblewrap, process):  # warm-up: page cache, imports
         asyncio.run(time_runtime(runtime, spec))
@@ -112,6 +116,7 @@ def measure(rounds: int, workdir: Path) -> dict[str, list[float]]:
         samples["bwrap_true"].append(time_command(true))
         samples["bwrap_python"].append(time_command(python))
         samples["toolserver_bare"].append(asyncio.run(time_bare_toolserver(workdir)))
+        samples["toolserver_bare_S"].append(asyncio.run(time_bare_toolserver(workdir, no_site=True)))
         samples["process"].append(asyncio.run(time_runtime(process, spec))[0])
         ready, stopped = asyncio.run(time_runtime(bubblewrap, spec))
         samples["bubblewrap"].append(ready)
@@ -132,7 +137,8 @@ def report(samples: dict[str, list[float]]) -> dict:
         "stats": stats,
         "ratios_p50": {
             "bubblewrap_over_toolserver_bare": round(p50["bubblewrap"] / p50["toolserver_bare"], 3),
-            "bubblewrap_minus_toolserver_bare_ms": round(p50["bubblewrap"] - p50["toolserver_bare"], 2),
+            "bubblewrap_minus_toolserver_bare_S_ms": round(p50["bubblewrap"] - p50["toolserver_bare_S"], 2),
+            "toolserver_bare_over_bare_S": round(p50["toolserver_bare"] / p50["toolserver_bare_S"], 3),
             "bubblewrap_over_process": round(p50["bubblewrap"] / p50["process"], 3),
             "bwrap_true_share_of_bubblewrap": round(p50["bwrap_true"] / p50["bubblewrap"], 3),
         },
@@ -160,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in result["stats"].items():
         print(f"{name:18}{s['p50_ms']:9.1f}{s['p95_ms']:9.1f}{s['mean_ms']:9.1f}")
     ratios = result["ratios_p50"]
-    print(f"bubblewrap / bare tool server p50: {ratios['bubblewrap_over_toolserver_bare']:.2f}x "
-          f"({ratios['bubblewrap_minus_toolserver_bare_ms']:+.1f} ms for the sandbox); target p50 <= "
+    print(f"bubblewrap / bare tool server p50: {ratios['bubblewrap_over_toolserver_bare']:.2f}x; the sandbox "
+          f"costs {ratios['bubblewrap_minus_toolserver_bare_S_ms']:+.1f} ms over the bare server started like it "
+          f"(python -S); -S saves {ratios['toolserver_bare_over_bare_S']:.2f}x; target p50 <= "
           f"{TARGET_P50_MS:.0f} ms: {'met' if result['meets_target'] else 'NOT met'}")
     print(f"written to {RESULTS}")
     return 0

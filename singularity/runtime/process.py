@@ -25,6 +25,7 @@ from typing import Any
 from . import procfs
 from .base import Availability, Launch, Runtime, SandboxSpec, limit_prefix, sandbox_env
 from .errors import InvalidSpec
+from .layout import host_site_dirs
 
 log = logging.getLogger(__name__)
 _PROJECT = Path(__file__).resolve().parents[2]  # the directory holding ``singularity``
@@ -54,9 +55,13 @@ class ProcessRuntime(Runtime):
             log.warning("ProcessRuntime ignores max_processes=%s (no per-sandbox process count "
                         "without a user namespace)", limits.max_processes)
             limits = limits.model_copy(update={"max_processes": None})
-        server = self.server_command(self.python, str(self._host_socket(sandbox_dir)), str(spec.workspace))
+        # this interpreter: its site-packages are known, so the server skips site (python -S)
+        site_dirs = host_site_dirs() if self.python == sys.executable else ()
+        server = self.server_command(self.python, str(self._host_socket(sandbox_dir)), str(spec.workspace),
+                                     no_site=bool(site_dirs))
         argv = [self.python, "-I", "-S", str(_SUBREAPER), *limit_prefix(limits), *server]
-        env = sandbox_env(spec, home=str(sandbox_dir), extra={"PYTHONPATH": str(_PROJECT)})
+        pythonpath = ":".join([str(_PROJECT), *site_dirs])
+        env = sandbox_env(spec, home=str(sandbox_dir), extra={"PYTHONPATH": pythonpath})
         popen = subprocess.Popen(argv, cwd=spec.workspace, env=env, stdin=subprocess.DEVNULL,
                                  stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         return Launch(popen=popen)
