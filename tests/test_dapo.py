@@ -274,12 +274,16 @@ def test_real_service_b_informative_groups_cancel_and_carry_over(service):
         first = dapo.next_batch()
         assert sorted(g.prompt_id for g in first.groups) == ["mixed-1", "mixed-2"]
         assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in first.groups)
-        assert first.stats.filtered == 2  # easy and hard completed and were dropped
+        # easy and hard are dropped once complete: usually before the cut, but the 24 submits
+        # race, so on a loaded machine one may still be running and is carried into step 2
+        unfinished_uninformative = 2 - first.stats.filtered
         # "stuck" had no result: cancelled, in the service too; "late" is half done and proven
         assert len(first.cancelled_job_ids) == 4 and first.stats.cancelled == 4
         assert {service.get(f"/jobs/{j}").json()["instance_id"] for j in first.cancelled_job_ids} == {"stuck"}
         assert {job_status(service, j) for j in first.cancelled_job_ids} == {"cancelled"}
-        assert (first.stats.carried_groups, first.stats.carried_over) == (1, 2)
+        assert first.stats.carried_groups == 1 + unfinished_uninformative
+        if unfinished_uninformative == 0:
+            assert first.stats.carried_over == 2  # late's two quick rollouts
         old_generation = first.rollouts[0].generation
         # a weight update: the backend is registered again, under a new generation
         assert client.clear_llm_servers() == old_generation + 1
@@ -287,6 +291,7 @@ def test_real_service_b_informative_groups_cancel_and_carry_over(service):
         second = dapo.next_batch()
         (late,) = second.groups
         assert late.prompt_id == "late" and late.rewards == [1.0, 0.0, 1.0, 1.0]
+        assert first.stats.filtered + second.stats.filtered == 2  # easy and hard, dropped
         assert all(r.step == 1 and r.batch_step == 2 and r.carried_over for r in late.ordered)
         assert {r.generation for r in late.ordered} == {old_generation}  # produced before the update
         with pytest.raises(PromptsExhausted):
