@@ -20,6 +20,7 @@ from singularity.images import (
     apptainer_build_command,
     parse_definition,
 )
+from singularity.images import cache
 from singularity.images.rootfs import debootstrap_command, inside_command
 
 IMAGE_CACHE = Path(os.environ.get("PRORL_IMAGE_CACHE", Path.home() / ".cache" / "prorl" / "images"))
@@ -83,6 +84,16 @@ def test_versioned_reuses_until_base_or_framework_version_changes(tmp_path):
     assert not builder.build(TEST_IMAGE.model_copy(update={"base": "trixie"})).cached
     assert not _builder(tmp_path, recorder, version="1.1").build(TEST_IMAGE.model_copy(update={"base": "trixie"})).cached
     assert recorder.count("debootstrap") == 3
+
+
+def test_versioned_rebuilds_when_the_tool_server_needs_other_packages(tmp_path, monkeypatch):
+    recorder = Recorder()
+    builder = _builder(tmp_path, recorder, version="1.0")
+    first = builder.build(TEST_IMAGE, CacheMode.VERSIONED)
+    assert builder.build(TEST_IMAGE, CacheMode.VERSIONED).cached
+    monkeypatch.setattr(cache, "TOOLSERVER_PIP", (*cache.TOOLSERVER_PIP, "newdep>=1"))
+    second = builder.build(TEST_IMAGE, CacheMode.VERSIONED)
+    assert not second.cached and second.key != first.key and recorder.count("debootstrap") == 2
 
 
 def test_lock_mode_follows_the_lockfile_hash(tmp_path):

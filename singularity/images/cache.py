@@ -4,12 +4,15 @@
 mode        the image is reused while ...
 ==========  ==========================================================================
 scratch     never: every build starts from nothing
-versioned   the base image (bootstrap, base, mirror) and the framework version are unchanged
+versioned   the base image (bootstrap, base, mirror) and the framework (its version and the
+            packages its tool server needs inside) are unchanged
 lock        the base image and the SHA-256 of the dependency lockfile are unchanged
 ==========  ==========================================================================
 
-``versioned`` deliberately ignores the package lists: bump the framework version (or use
-``lock``) to rebuild after changing them. The record ``<image>.cache.json`` holds the mode,
+``versioned`` deliberately ignores the spec's own package lists: bump the framework version (or
+use ``lock``) to rebuild after changing them. The tool server's requirements
+(:data:`~.spec.TOOLSERVER_PIP`) count as part of the framework, since a development version
+number does not move when they change (a cached image without msgspec was reused that way). The record ``<image>.cache.json`` holds the mode,
 the key (SHA-256 of the canonical JSON of the inputs), the inputs themselves (so a mismatch can
 be explained) and the hash of the definition that was built.
 """
@@ -23,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .spec import CacheMode, ImageSpec
+from .spec import TOOLSERVER_PIP, CacheMode, ImageSpec
 
 
 class CacheRecord(BaseModel):
@@ -61,7 +64,8 @@ def cache_inputs(spec: ImageSpec, mode: CacheMode, *, framework_version: str) ->
     if mode is CacheMode.SCRATCH:
         return None
     if mode is CacheMode.VERSIONED:
-        return {"base": base_identity(spec), "framework_version": framework_version}
+        return {"base": base_identity(spec), "framework_version": framework_version,
+                "toolserver_requirements": list(TOOLSERVER_PIP)}
     if spec.lockfile is None:
         raise ValueError(f"image {spec.name!r}: cache mode 'lock' needs spec.lockfile")
     return {"base": base_identity(spec), "lockfile_sha256": sha256_file(spec.lockfile)}
