@@ -24,8 +24,6 @@ MAX_PAGE_SIZE = 200
 #: page and a cursor to go on, rather than scanning every job
 SCAN_LIMIT = 2000
 SCAN_CHUNK = 250
-#: jobs sampled for the per-minute chart (the most recent ones created in the window)
-SERIES_SAMPLE = 3000
 SERIES_MINUTES = 60
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -83,39 +81,26 @@ def _quantile(q: float, histogram: dict[str, float], count: float) -> float:
 
 
 def minute_series(services: Services, now: float) -> dict[str, Any]:
-    """Completed jobs and mean reward per minute over the last hour, from the most recent
-    ``SERIES_SAMPLE`` jobs (``sampled`` says when the sample was full, so older minutes may
-    be under-counted)."""
-    start = now - SERIES_MINUTES * 60
-    # a job that ended in the window was created before it ended; two hours covers every job
-    # whose budget is under an hour and keeps the read bounded by SERIES_SAMPLE
-    ids = services.redis.zrevrangebyscore(keys.RECENT_JOBS, "+inf", start - 3600, start=0, num=SERIES_SAMPLE)
+    """Jobs ended and mean reward of the completed ones, per minute over the last hour (the
+    current minute last), from the exact per-minute counters that ``transition.lua`` keeps."""
+    current = int(now // 60) * 60
+    starts = [current - 60 * (SERIES_MINUTES - 1 - i) for i in range(SERIES_MINUTES)]
     pipe = services.redis.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hmget(keys.job(job_id), "status", "ended_at", "reward")
-    completed = [0] * SERIES_MINUTES
-    failed = [0] * SERIES_MINUTES
-    rewards = [0.0] * SERIES_MINUTES
-    for status, ended_at, reward in pipe.execute() if ids else []:
-        if not ended_at or status not in {s.value for s in JobStatus if s.terminal}:
-            continue
-        minute = int((float(ended_at) - start) // 60)
-        if not 0 <= minute < SERIES_MINUTES:
-            continue
-        if status == JobStatus.COMPLETED.value:
-            completed[minute] += 1
-            rewards[minute] += float(reward or 0.0)
-        else:
-            failed[minute] += 1
-    first_minute = int(start // 60) * 60
+    for start in starts:
+        pipe.hgetall(keys.minute_stats(start))
+    completed, not_completed, mean_reward = [], [], []
+    ended = {s.value for s in JobStatus if s.terminal} - {JobStatus.COMPLETED.value}
+    for counts in pipe.execute():
+        done = int(counts.get(JobStatus.COMPLETED.value, 0))
+        completed.append(done)
+        not_completed.append(sum(int(counts.get(status, 0)) for status in ended))
+        mean_reward.append(round(float(counts.get("reward_sum", 0.0)) / done, 6) if done else None)
     return {
-        "minutes": [round(start + 60 * i, 3) for i in range(SERIES_MINUTES)],
-        "start": first_minute,
+        "minutes": starts,
+        "start": starts[0],
         "completed": completed,
-        "not_completed": failed,
-        "mean_reward": [round(r / c, 6) if c else None for r, c in zip(rewards, completed)],
-        "sampled": len(ids),
-        "sample_full": len(ids) >= SERIES_SAMPLE,
+        "not_completed": not_completed,
+        "mean_reward": mean_reward,
     }
 
 

@@ -14,6 +14,9 @@ prorl:jobs:recent                  zset    job id -> creation time (trimmed), fo
 prorl:jobs:active                  set     ids of jobs not yet ended (for /stop and reapers)
 prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
                                            statuses count every job that ended there)
+prorl:stats:minute:<unix minute>   hash    jobs that ended in that minute: terminal status ->
+                                           count, "reward_sum" of the completed ones (written by
+                                           transition.lua, expires after MINUTE_STATS_TTL_S)
 prorl:service:state                string  "started" | "stopped" (cluster wide)
 prorl:llm:backends                 zset    backend address -> jobs assigned (the router's heap)
 prorl:llm:types                    hash    backend address -> protocol (vllm | sglang | llamacpp)
@@ -39,6 +42,8 @@ PREFIX = "prorl:"
 RECENT_JOBS = PREFIX + "jobs:recent"
 ACTIVE_JOBS = PREFIX + "jobs:active"
 STATUS_COUNTS = PREFIX + "stats:status"
+MINUTE_STATS = PREFIX + "stats:minute:"  # + the minute's start in unix seconds
+MINUTE_STATS_TTL_S = 2 * 3600  # the dashboard charts the last hour
 SERVICE_STATE = PREFIX + "service:state"
 LLM_BACKENDS = PREFIX + "llm:backends"
 LLM_TYPES = PREFIX + "llm:types"
@@ -56,6 +61,11 @@ def job(job_id: str) -> str:
 
 def job_done(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:done"
+
+
+def minute_stats(minute_start: int) -> str:
+    """Jobs that ended in the minute starting at ``minute_start`` (unix seconds, a multiple of 60)."""
+    return f"{MINUTE_STATS}{minute_start}"
 
 
 def node_addresses(node: str) -> str:

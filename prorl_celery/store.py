@@ -136,7 +136,8 @@ class JobStore:
         token = uuid.uuid4().hex
         job_keys = [keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS]
         args = [job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s, int(with_record),
-                "" if attempt is None else attempt, *_encode({**(fields or {}), "transition_id": token})]
+                "" if attempt is None else attempt, keys.MINUTE_STATS, keys.MINUTE_STATS_TTL_S,
+                *_encode({**(fields or {}), "transition_id": token})]
         deadline = time.monotonic() + REDIS_OUTAGE_S
         while True:
             try:

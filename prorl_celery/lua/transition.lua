@@ -12,7 +12,9 @@
 -- ARGV[7] "1" to return the whole job record too (a stage claim: saves a round trip)
 -- ARGV[8] the attempt the caller works for, or "" for any: a stage of an attempt that was
 --         given up (its worker was presumed lost) cannot move the retried job
--- ARGV[9..] field, value pairs to set on the job record
+-- ARGV[9] key prefix of the per-minute ended-job counters (prorl:stats:minute:), "" for none
+-- ARGV[10] TTL in seconds of those counters
+-- ARGV[11..] field, value pairs to set on the job record
 -- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success,
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
 -- Time comes from the Redis server so that workers on different nodes share one clock.
@@ -46,7 +48,7 @@ end
 if ARGV[5] == '1' then
   table.insert(updates, 'ended_at'); table.insert(updates, stamp)
 end
-for i = 9, #ARGV do table.insert(updates, ARGV[i]) end
+for i = 11, #ARGV do table.insert(updates, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(updates))
 redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
@@ -55,6 +57,19 @@ if ARGV[5] == '1' then
   redis.call('XADD', KEYS[3], '*', 'status', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
   redis.call('EXPIRE', KEYS[3], ARGV[6])
+  if ARGV[9] ~= '' then
+    -- exact per-minute throughput and reward for the dashboard, by the Redis clock
+    local minute = ARGV[9] .. string.format('%d', math.floor(now / 60) * 60)
+    redis.call('HINCRBY', minute, ARGV[2], 1)
+    if ARGV[2] == 'completed' then
+      for i = 11, #ARGV - 1, 2 do
+        if ARGV[i] == 'reward' and tonumber(ARGV[i + 1]) then
+          redis.call('HINCRBYFLOAT', minute, 'reward_sum', ARGV[i + 1])
+        end
+      end
+    end
+    redis.call('EXPIRE', minute, ARGV[10])
+  end
 end
 local reply = {1, current, string.format('%.6f', budget - active), stamp}
 if ARGV[7] == '1' then reply[5] = redis.call('HGETALL', KEYS[1]) end

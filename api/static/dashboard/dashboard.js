@@ -120,8 +120,8 @@
     barChart("chart-completed", series.completed, series.not_completed);
     lineChart("chart-reward", series.mean_reward);
     var total = series.completed.reduce(function (a, b) { return a + b; }, 0);
-    setText("series-note", total + " completed in the last hour (blue), failed/cancelled/timeout in red; from the " +
-            series.sampled + " most recent jobs" + (series.sample_full ? " (sample full: older minutes may be under-counted)" : ""));
+    setText("series-note", total + " completed in the last hour (blue), failed/cancelled/timeout in red, per minute " +
+            "(the current minute last)");
     var updated = byId("updated");
     updated.textContent = new Date(data.now * 1000).toLocaleTimeString();
     updated.dataset.refreshes = String(refreshes);
