@@ -1,8 +1,9 @@
-"""Field checks every task family's instance parsing shares: the chat messages of a verl-style
-row's ``prompt``, and ``max_iterations``. Each raises ValueError naming the field, which the
-gateway turns into a 400."""
+"""Field checks every task family's instance parsing shares: a verl-style row (its ``prompt``
+messages, ``reward_model`` and ``extra_info``), and ``max_iterations``. Each raises ValueError
+naming the field, which the gateway turns into a 400."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -13,6 +14,33 @@ def prompt_messages(prompt: Any, hint: str = "") -> list[dict[str, Any]]:
     if not isinstance(prompt, list) or not prompt:
         raise ValueError("field 'prompt' must be a non-empty list of messages" + (f"; {hint}" if hint else ""))
     return [_message(item, index) for index, item in enumerate(prompt)]
+
+
+@dataclass(frozen=True)
+class VerlRow:
+    """The parts of a verl row every family reads; ``ground_truth`` is left for it to parse."""
+
+    messages: list[dict[str, Any]]
+    ground_truth: Any
+    extra_info: dict[str, Any]
+    metadata: dict[str, Any]  # format, data_source and extra_info, kept with the instance
+
+
+def verl_row(instance: dict[str, Any], hint: str) -> VerlRow:
+    """``prompt`` messages, a rule-style ``reward_model.ground_truth`` (not null) and an
+    ``extra_info`` object (``{}`` when absent)."""
+    messages = prompt_messages(instance.get("prompt"), hint)
+    reward_model = instance.get("reward_model")
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise ValueError(f"field 'reward_model.ground_truth' is missing; {hint}")
+    style = reward_model.get("style", "rule")
+    if style != "rule":
+        raise ValueError(f"field 'reward_model.style' must be 'rule', got {style!r}")
+    extra_info = instance.get("extra_info", {})
+    if not isinstance(extra_info, dict):
+        raise ValueError("field 'extra_info' must be an object")
+    metadata = {"format": "verl", "data_source": str(instance.get("data_source", "")), "extra_info": extra_info}
+    return VerlRow(messages, reward_model["ground_truth"], extra_info, metadata)
 
 
 def read_max_iterations(instance: dict[str, Any], default: int, cap: int) -> int:

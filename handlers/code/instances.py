@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from handlers.rows import prompt_messages
+from handlers.rows import verl_row
 
 DEFAULT_TIME_LIMIT_S = 2.0
 MAX_TIME_LIMIT_S = 60.0
@@ -124,28 +124,18 @@ def _from_plain_row(instance: dict[str, Any]) -> CodeInstance:
 
 
 def _from_verl_row(instance: dict[str, Any]) -> CodeInstance:
-    messages = prompt_messages(instance.get("prompt"), SHAPE_HINT)
-    reward_model = instance.get("reward_model")
-    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
-        raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
-    style = reward_model.get("style", "rule")
-    if style != "rule":
-        raise ValueError(f"field 'reward_model.style' must be 'rule', got {style!r}")
-    extra_info = instance.get("extra_info", {})
-    if not isinstance(extra_info, dict):
-        raise ValueError("field 'extra_info' must be an object")
-    fn_name = _fn_name(instance.get("fn_name", extra_info.get("fn_name")), "fn_name")
+    row = verl_row(instance, SHAPE_HINT)
+    fn_name = _fn_name(instance.get("fn_name", row.extra_info.get("fn_name")), "fn_name")
     where = "reward_model.ground_truth"
-    ground_truth = _decode(reward_model["ground_truth"], where)
+    ground_truth = _decode(row.ground_truth, where)
     if isinstance(ground_truth, dict) and ground_truth.get("test_code") is not None:
         tests, fn = _pytest_tests(ground_truth["test_code"], f"{where}.test_code"), fn_name
         test_code = ground_truth["test_code"]
     else:
         tests, fn = _parse_tests(ground_truth, where, fn_name)
         test_code = None
-    config = _config(instance, extra_info)
-    metadata = {"format": "verl", "data_source": str(instance.get("data_source", "")), "extra_info": extra_info}
-    return CodeInstance(messages, tests, fn, test_code, metadata=metadata, **config["fields"])
+    config = _config(instance, row.extra_info)
+    return CodeInstance(row.messages, tests, fn, test_code, metadata=row.metadata, **config["fields"])
 
 
 # -- tests ----------------------------------------------------------------------------------------

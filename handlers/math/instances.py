@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.math.grading import extract_boxed
-from handlers.rows import prompt_messages, read_max_iterations
+from handlers.rows import read_max_iterations, verl_row
 
 SYSTEM_PROMPT = (
     "You are a careful mathematician. Reason step by step, then state the final answer "
@@ -96,23 +96,9 @@ def _from_plain_pair(instance: dict[str, Any], max_iterations: int) -> MathInsta
 
 
 def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> MathInstance:
-    messages = prompt_messages(instance.get("prompt"), SHAPE_HINT)
-    reward_model = instance.get("reward_model")
-    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-        raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
-    style = reward_model.get("style", "rule")
-    if style != "rule":
-        raise ValueError(f"field 'reward_model.style' must be 'rule', got {style!r}")
-    ground_truth = _answer_string(reward_model["ground_truth"], "reward_model.ground_truth")
-    extra_info = instance.get("extra_info", {})
-    if not isinstance(extra_info, dict):
-        raise ValueError("field 'extra_info' must be an object")
-    metadata = {
-        "format": "verl",
-        "data_source": str(instance.get("data_source", "")),
-        "extra_info": extra_info,
-    }
-    return MathInstance(messages, ground_truth, max_iterations, metadata)
+    row = verl_row(instance, SHAPE_HINT)
+    ground_truth = _answer_string(row.ground_truth, "reward_model.ground_truth")
+    return MathInstance(row.messages, ground_truth, max_iterations, row.metadata)
 
 
 def _first_present(instance: dict[str, Any], keys: tuple[str, ...]) -> str | None:

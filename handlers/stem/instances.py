@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.stem.grading import ANSWER_TYPES
-from handlers.rows import prompt_messages, read_max_iterations
+from handlers.rows import read_max_iterations, verl_row
 
 SYSTEM_PROMPT = (
     "You answer science questions with the help of tools. Use `search` to look up facts in the "
@@ -115,18 +115,9 @@ def _from_plain(instance: dict[str, Any], max_iterations: int) -> StemInstance:
 
 
 def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> StemInstance:
-    messages = prompt_messages(instance.get("prompt"), SHAPE_HINT)
-    reward_model = instance.get("reward_model")
-    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-        raise ValueError(f"field 'reward_model.ground_truth' is missing; {SHAPE_HINT}")
-    style = reward_model.get("style", "rule")
-    if style != "rule":
-        raise ValueError(f"field 'reward_model.style' must be 'rule', got {style!r}")
-    extra_info = instance.get("extra_info", {})
-    if not isinstance(extra_info, dict):
-        raise ValueError("field 'extra_info' must be an object")
-    truth = reward_model["ground_truth"]
-    rule: dict[str, Any] = dict(extra_info)
+    row = verl_row(instance, SHAPE_HINT)
+    messages, truth = row.messages, row.ground_truth
+    rule: dict[str, Any] = dict(row.extra_info)
     where = "reward_model.ground_truth"
     if isinstance(truth, dict):
         if "answer" not in truth:
@@ -137,7 +128,7 @@ def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> StemInstanc
     aliases = [*extra, *_string_list(rule.get("aliases", []), "extra_info.aliases")]
     answer_type = _answer_type(rule.get("answer_type"), "extra_info.answer_type", answer)
     tolerance = _tolerance(rule.get("tolerance"), "extra_info.tolerance", answer)
-    metadata = {"format": "verl", "data_source": str(instance.get("data_source", "")), "extra_info": extra_info}
+    metadata = row.metadata
     return StemInstance(messages, answer, aliases, answer_type, tolerance, max_iterations, metadata)
 
 

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -121,8 +122,10 @@ def dev_layout(network: bool = False) -> ImageLayout:
                        site_dirs=host_site_dirs())
 
 
+@lru_cache(maxsize=1)
 def host_site_dirs() -> tuple[str, ...]:
-    """The running interpreter's site-packages directories that exist (a virtualenv's included)."""
+    """The running interpreter's site-packages directories that exist (a virtualenv's included;
+    read once: every sandbox start asks)."""
     import site
 
     dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
