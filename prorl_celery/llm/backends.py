@@ -110,7 +110,7 @@ class VLLMBackend(_HTTPBackend):
         token_ids = choice.get("token_ids")
         if token_ids is None:
             raise BackendError(f"{self.address} returned no token_ids: vLLM >= 0.10.2 is required")
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(token_ids)
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
         return Completion(list(token_ids), [float(x or 0.0) for x in logprobs], _finish(choice.get("finish_reason")))
 
 
@@ -127,7 +127,7 @@ class SGLangBackend(_HTTPBackend):
         meta = reply.get("meta_info", {})
         pairs = meta.get("output_token_logprobs") or []
         token_ids = reply.get("output_ids") or [int(p[1]) for p in pairs]
-        logprobs = [float(p[0] or 0.0) for p in pairs] or [0.0] * len(token_ids)
+        logprobs = [float(p[0] or 0.0) for p in pairs]
         finish = (meta.get("finish_reason") or {}).get("type")
         return Completion(list(token_ids), logprobs, _finish(finish))
 
@@ -142,9 +142,21 @@ class LlamaCppBackend(_HTTPBackend):
         reply = await self._post(body)
         probs = reply.get("completion_probabilities") or []
         token_ids = reply.get("tokens") or [int(p["id"]) for p in probs]
-        logprobs = [float(p.get("logprob", 0.0)) for p in probs] or [0.0] * len(token_ids)
         finish = "length" if reply.get("stop_type") == "limit" else "stop"
-        return Completion(list(token_ids), logprobs, finish)
+        return Completion(list(token_ids), self._per_token_logprobs(token_ids, probs), finish)
+
+    def _per_token_logprobs(self, token_ids: list[int], probs: list[dict[str, Any]]) -> list[float]:
+        """One logprob per generated id, or BackendError.
+
+        llama-server reports a run of tokens that ends inside a UTF-8 character (byte-fallback
+        tokens) as one entry with the last token's logprob, so the others have none; guessing
+        would misalign every logprob after that point."""
+        if len(probs) == len(token_ids) and all(int(p.get("id", -1)) == t for p, t in zip(probs, token_ids)):
+            return [float(p.get("logprob", 0.0)) for p in probs]
+        raise BackendError(
+            f"llama-server {self.address} reported {len(probs)} logprob entries for {len(token_ids)} "
+            f"generated tokens (it merges tokens that end inside a UTF-8 character into one entry), so "
+            f"this turn has no per-token logprobs")
 
     async def context_length(self) -> int | None:
         """llama.cpp's ``GET /props``: ``default_generation_settings.n_ctx``."""

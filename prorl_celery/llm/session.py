@@ -12,7 +12,7 @@ from typing import Any
 from handlers.base import Generation
 
 from ..errors import BackendError
-from .backends import LLMBackend
+from .backends import Completion, LLMBackend
 from .tokenizer import ChatTokenizer
 
 #: job sampling_params keys that configure the session rather than the backend's sampler
@@ -65,6 +65,7 @@ class TokenSession:
             raise ContextExhausted(f"context length {self.max_model_len} reached after {self.num_turns} turns")
         context = self.prompt_ids + self.response_ids
         completion = await self.backend.complete(context, params)
+        self._check_lengths(completion)
         self.turns.append({"context_len": len(context), "output_start": len(self.response_ids),
                            "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason})
         self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
@@ -82,6 +83,14 @@ class TokenSession:
             self._open_turn = False
         self._append(self.tokenizer.observation_ids(message, self.tools), mask=0)
         self._messages.append(message)
+
+    def _check_lengths(self, completion: Completion) -> None:
+        """The trajectory invariant, for every protocol: one logprob per generated id."""
+        if len(completion.logprobs) != len(completion.token_ids):
+            raise BackendError(
+                f"turn {self.num_turns + 1}: {getattr(self.backend, 'address', 'the backend')} returned "
+                f"{len(completion.token_ids)} token ids but {len(completion.logprobs)} logprobs; a trajectory "
+                f"needs exactly one logprob per id")
 
     @property
     def messages(self) -> list[dict[str, Any]]:

@@ -290,11 +290,38 @@ def llamacpp_response(gen: Generation, req: LlamaCppCompletionRequest, tt: Token
         "timings": {"prompt_n": len(gen.prompt_ids), "predicted_n": len(ids),
                     "predicted_ms": round(elapsed_ms, 3)}}
     if req.n_probs > 0:
-        body["completion_probabilities"] = [
-            {**_llamacpp_prob(tt, i, lp),
-             "top_logprobs": [_llamacpp_prob(tt, t, tlp) for t, tlp in top[:req.n_probs]]}
-            for i, lp, top in zip(ids, gen.logprobs, gen.tops)]
+        body["completion_probabilities"] = _llamacpp_probabilities(gen, tt, req.n_probs)
     return body
+
+
+def _llamacpp_probabilities(gen: Generation, tt: TokenText, n_probs: int) -> list[dict[str, Any]]:
+    """One entry per reported piece of text, as llama-server builds them: a token whose bytes
+    end inside a UTF-8 character is held back and reported with the tokens that complete it,
+    as one entry carrying the last token's id and logprob and every byte of the run. So byte-
+    fallback tokens give fewer entries than tokens (what real servers do, kept on purpose)."""
+    entries: list[dict[str, Any]] = []
+    held = b""
+    for position, (token_id, logprob, top) in enumerate(zip(gen.output_ids, gen.logprobs, gen.tops)):
+        raw = held + tt.raw_bytes(token_id)
+        if _ends_inside_character(raw) and position < len(gen.output_ids) - 1:
+            held = raw
+            continue
+        held = b""
+        entries.append({"id": token_id, "token": raw.decode("utf-8", errors="ignore"), "bytes": list(raw),
+                        "logprob": logprob,
+                        "top_logprobs": [_llamacpp_prob(tt, t, tlp) for t, tlp in top[:n_probs]]})
+    return entries
+
+
+def _ends_inside_character(raw: bytes) -> bool:
+    """True when the last bytes start a UTF-8 sequence that is not complete yet."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 == 0x80:  # continuation byte: look further back for the lead byte
+            continue
+        needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return needed > back
+    return False
 
 
 def _llamacpp_prob(tt: TokenText, token_id: int, logprob: float) -> dict[str, Any]:
