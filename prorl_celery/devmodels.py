@@ -8,6 +8,10 @@ Nothing here is committed; everything is built once into :func:`fixtures_dir` an
   the ``llama-cpp-python`` sdist on PyPI (``pip download``; no Hugging Face hub).
 * ``ensure_tiny_model("qwen3")``: a seeded, randomly initialised ``Qwen2ForCausalLM`` of a
   few MB saved beside its tokenizer, for the CPU reference server (needs ``torch``).
+* ``ensure_vllm_model("qwen3")``: a tiny ``Qwen2ForCausalLM`` vLLM's CPU backend accepts
+  (head_dim 64), briefly fine-tuned (seeded, ~20 s on CPU) to solve :data:`SFT_PROBLEMS` the
+  way the ``math`` agent loop expects: a Hermes ``<tool_call>`` running python, then, after
+  the tool's output, a ``\\boxed{}`` answer. Greedy decoding reproduces those two turns.
 
 Builds are idempotent and safe across processes: each artifact is built under an exclusive
 ``flock`` into a temporary sibling directory that is renamed into place only when complete,
@@ -331,6 +335,152 @@ def _build_tiny_model(tokenizer_dir: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+# ----------------------------------------------------------------------------- vLLM model
+
+#: (problem, answer, python code, boxed answer) the fine-tuned model solves with one tool call;
+#: the first is the tests' problem, the others are the first six of ``handlers/math`` samples
+#: (so ``prorl demo --llm vllm`` gets right answers)
+SFT_PROBLEMS: tuple[tuple[str, str, str, str], ...] = (
+    ("What is 6 times 7?", "42", "print(6*7)", "42"),
+    ("Compute $17 \\times 23 - 191$.", "200", "print(17*23 - 191)", "200"),
+    ("What is $\\frac{2}{3} + \\frac{1}{12}$? Express your answer as a common fraction.", "\\frac{3}{4}",
+     "from fractions import Fraction\nprint(Fraction(2, 3) + Fraction(1, 12))", "\\frac{3}{4}"),
+    ("Simplify $\\sqrt{50} - \\sqrt{18}$.", "2\\sqrt{2}", "print(50**0.5 - 18**0.5, 2*2**0.5)", "2\\sqrt{2}"),
+    ("Solve for $x$: $3x - 7 = 2x + 5$.", "12", "print(5 + 7)", "12"),
+    ("Find all real numbers $x$ such that $x^2 - 5x + 6 = 0$. List them separated by commas.", "2, 3",
+     "print([x for x in range(-10, 11) if x*x - 5*x + 6 == 0])", "2, 3"),
+    ("Let $f(x) = x^2 - 2x + 2$. Write $f(x+1)$ as a polynomial in $x$.", "x^2+1",
+     "print([(x+1)**2 - 2*(x+1) + 2 - (x*x + 1) for x in range(5)])", "x^2+1"),
+)
+#: the math instance fields the model was trained under (tools described, room for both turns)
+SFT_INSTANCE = {"tools": ["python"], "max_iterations": 3}
+#: bump when SFT_PROBLEMS, the prompt format or the architecture change
+VLLM_MODEL_VERSION = 1
+
+
+def sft_instances() -> list[dict]:
+    """The math instances of :data:`SFT_PROBLEMS`, as a job posts them."""
+    return [{"problem": p, "answer": a, **SFT_INSTANCE} for p, a, _, _ in SFT_PROBLEMS]
+
+
+def ensure_vllm_model(tokenizer: str = "qwen3") -> Path:
+    """A tiny Qwen2 (hidden 128, 2 heads of 64, 2 layers, float32) that vLLM's CPU backend
+    serves, fine-tuned on :data:`SFT_PROBLEMS`; its tokenizer files beside it. Needs ``torch``.
+
+    vLLM's CPU attention refuses head_dim 16 (the random tiny model), hence a model of its own.
+    """
+    tokenizer_dir = ensure_tokenizer(tokenizer)
+    return _ensure(f"tiny-qwen2-{tokenizer}-sft-v{VLLM_MODEL_VERSION}",
+                   lambda out: _build_vllm_model(tokenizer_dir, out))
+
+
+def sft_sequences(tokenizer_dir: Path) -> list[tuple[list[int], list[int]]]:
+    """(ids, mask) of each SFT conversation exactly as the ``math`` agent loop builds it: the
+    prompt rendered with the python tool, the tool call turn, the tool observation (the output
+    of the code, run here), the answer turn; mask 1 on the model's tokens."""
+    import io
+    import json as _json
+    from contextlib import redirect_stdout
+
+    from handlers.agent import AgentLoop
+    from handlers.math.instances import normalize_instance
+    from handlers.sandbox_tools import PYTHON
+
+    from .llm.tokenizer import load_tokenizer
+
+    chat = load_tokenizer(str(tokenizer_dir))
+    schemas = AgentLoop(tools=[PYTHON], finish_tool=False).tool_schemas()
+    sequences = []
+    for instance, (_, _, code, boxed) in zip(sft_instances(), SFT_PROBLEMS):
+        printed = io.StringIO()
+        with redirect_stdout(printed):
+            exec(code, {})  # noqa: S102 - our own constant snippets
+        observation = printed.getvalue().rstrip()  # what the python tool returns
+        ids = chat.prompt_ids(normalize_instance(instance).messages, schemas)
+        mask = [0] * len(ids)
+        call = "<tool_call>\n" + _json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+        answer = f"The code prints {observation.splitlines()[0]}, so the answer is $\\boxed{{{boxed}}}$."
+        for part, role in ((chat.encode(call) + [chat.eot_id], 1),
+                           (chat.observation_ids({"role": "tool", "content": observation}, schemas), 0),
+                           (chat.encode(answer) + [chat.eot_id], 1)):
+            ids += part
+            mask += [role] * len(part)
+        sequences.append((ids, mask))
+    return sequences
+
+
+def _build_vllm_model(tokenizer_dir: Path, out: Path, max_steps: int = 600) -> None:
+    try:
+        import torch
+    except ImportError as error:
+        raise RuntimeError("the tiny vLLM model needs torch: pip install 'prorl-celery[model]'") \
+            from error
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    _say(f"fine-tuning a tiny Qwen2 model for vLLM in {out.parent} (~20 s)")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab_size = -(-len(tok) // 128) * 128
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+        tie_word_embeddings=True, rope_theta=1_000_000.0, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    sequences = sft_sequences(tokenizer_dir)
+    width = max(len(ids) for ids, _ in sequences)
+    inputs = torch.full((len(sequences), width), tok.pad_token_id)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    labels = torch.full((len(sequences), width), -100)
+    for row, (ids, mask) in enumerate(sequences):
+        inputs[row, :len(ids)] = torch.tensor(ids)
+        attention[row, :len(ids)] = 1
+        for j in range(1, len(ids)):
+            if mask[j]:
+                labels[row, j - 1] = ids[j]  # position j-1 predicts model token j
+    chosen = labels != -100
+    targets = labels[chosen]
+    used = torch.unique(inputs[attention.bool()])
+    weight = model.model.embed_tokens.weight  # tied: also the output layer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    noise = torch.Generator().manual_seed(0)
+
+    def check() -> tuple[bool, float]:
+        """Greedy = the targets at every model position (full vocabulary), worst logprob."""
+        with torch.no_grad():
+            hidden = model.model(input_ids=inputs, attention_mask=attention).last_hidden_state[chosen]
+            logprobs = torch.log_softmax(model.lm_head(hidden), -1)
+        return bool((logprobs.argmax(-1) == targets).all()), float(logprobs.gather(1, targets[:, None]).min())
+
+    # the softmax runs over the tokens of the data plus 8192 others drawn afresh each step (the
+    # full 152k-way softmax would cost 4x more per step); check() uses the full vocabulary
+    for step in range(1, max_steps + 1):
+        candidates = torch.unique(torch.cat([used, torch.randint(0, vocab_size, (8192,), generator=noise)]))
+        index = torch.full((vocab_size,), -1)
+        index[candidates] = torch.arange(len(candidates))
+        hidden = model.model(input_ids=inputs, attention_mask=attention).last_hidden_state[chosen]
+        loss = torch.nn.functional.cross_entropy(hidden @ weight[candidates].T, index[targets])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 20 == 0:
+            greedy, worst = check()
+            if greedy and worst > -0.2:  # a clear margin: float32 engines agree on the argmax
+                _say(f"fine-tuned in {step} steps (worst target logprob {worst:.3f})")
+                break
+    else:
+        raise RuntimeError(f"the tiny vLLM model did not learn its {len(sequences)} conversations "
+                           f"in {max_steps} steps (greedy={greedy}, worst logprob {worst:.3f})")
+    model.eval()
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=tok.bos_token_id)
+    model.save_pretrained(out, safe_serialization=True)  # float32: what vLLM and the test reload
+    tok.save_pretrained(out)
+    (out / "prorl_sft.json").write_text(json.dumps(
+        {"problems": [list(p) for p in SFT_PROBLEMS], "instance": SFT_INSTANCE, "steps": step,
+         "worst_logprob": worst}, indent=2))
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -341,13 +491,14 @@ def fixtures() -> None:
 
 @fixtures.command("build")
 @click.option("--model/--no-model", default=True, show_default=True,
-              help="also build the tiny random model (needs torch)")
+              help="also build the tiny models, random and fine-tuned for vLLM (need torch)")
 def build_command(model: bool) -> None:
     """Build (or find cached) tokenizers and the tiny model; print their paths."""
     for name in TOKENIZER_NAMES:
         click.echo(f"tokenizer {name}: {ensure_tokenizer(name)}")
     if model:
         click.echo(f"tiny model qwen3: {ensure_tiny_model('qwen3')}")
+        click.echo(f"tiny vLLM model qwen3: {ensure_vllm_model('qwen3')}")
 
 
 @fixtures.command("path")

@@ -158,3 +158,23 @@ def test_tiny_model_builds_and_loads(tiny_model_dir):
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([tok.encode("Hello")])).logits
     assert logits.shape[-1] == model.config.vocab_size
+
+
+def test_vllm_model_answers_its_problems_greedily():
+    """The fine-tuned model vLLM serves: head_dim 64 (vLLM's CPU attention refuses 16), and
+    greedy decoding (argmax at every model position, whole vocabulary) is exactly the tool
+    call turn and the boxed answer turn of each SFT conversation."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    path = devmodels.ensure_vllm_model("qwen3")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert model.config.hidden_size // model.config.num_attention_heads == 64
+    sequences = devmodels.sft_sequences(devmodels.ensure_tokenizer("qwen3"))
+    assert len(sequences) == len(devmodels.SFT_PROBLEMS) == len(devmodels.sft_instances())
+    for ids, mask in sequences:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+        model_positions = [j for j in range(1, len(ids)) if mask[j]]
+        predicted = logits[[j - 1 for j in model_positions]].argmax(-1).tolist()
+        assert predicted == [ids[j] for j in model_positions]
