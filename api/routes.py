@@ -12,6 +12,7 @@ from handlers import UnknownTaskError, get_handler
 from prorl_celery.celery_app import enqueue
 from prorl_celery.errors import BadRequest, Forbidden, ServiceStopped, UnknownTask
 from prorl_celery.results import build_result, pending_result
+from prorl_celery.sampling import resolve_tokenizer, split as split_sampling
 from prorl_celery.services import get_services
 from prorl_celery.status import JobStatus, Stage
 
@@ -47,20 +48,30 @@ def submit(body: ProcessRequest) -> tuple[str, bool]:
         handler = get_handler(body.task_name)
     except UnknownTaskError as error:
         raise UnknownTask(str(error.args[0])) from None
+    params = split_sampling(body.sampling_params.to_job())
+    instance = body.instance
+    if "max_iterations" in params.agent and "max_iterations" not in instance:
+        instance = {**instance, "max_iterations": params.agent["max_iterations"]}  # the instance's wins
     try:
-        handler.validate_instance(body.instance)
+        handler.validate_instance(instance)
     except ValueError as error:
         raise BadRequest(f"instance: {error}") from None
-    sampling = body.sampling_params.to_job()
-    if handler.uses_llm and not (sampling.get("tokenizer") or settings.tokenizer):
+    try:
+        tokenizer = resolve_tokenizer(params.agent, None, settings.tokenizers_dir)
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
+    if handler.uses_llm and not (tokenizer or settings.tokenizer):
         raise BadRequest("sampling_params.tokenizer: required when PRORL_TOKENIZER is not set")
+    # a job without its own tokenizer uses the RUN worker's PRORL_TOKENIZER (paths differ per node)
+    agent = {**params.agent, "tokenizer": tokenizer} if tokenizer else dict(params.agent)
     budget = body.timeout_s or settings.job_timeout_s
     if budget > settings.max_job_timeout_s:
         raise BadRequest(f"timeout_s: at most {settings.max_job_timeout_s} (PRORL_MAX_JOB_TIMEOUT_S)")
     job_id = body.job_id or uuid.uuid4().hex
     created, _ = services.store.create(job_id, {
-        "task": handler.name or body.task_name, "instance": body.instance,
-        "sampling_params": sampling, "budget_s": budget, "attempt": 1,
+        "task": handler.name or body.task_name, "instance": instance,
+        "sampling_params": params.sampler, "agent_params": agent, "ignored_params": list(params.ignored),
+        "budget_s": budget, "attempt": 1,
         "max_attempts": body.max_attempts or settings.max_attempts})
     if created:
         try:

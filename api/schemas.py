@@ -9,19 +9,30 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 
 
 class SamplingParams(BaseModel):
-    """Sampling parameters; fields not listed pass through to vLLM backends untouched."""
+    """A v1 ``sampling_params``: sampler, agent and trainer-side keys side by side.
+
+    Known keys are type-checked here; ``prorl_celery.sampling.split`` decides what each one
+    does. Other keys are accepted (v1 trainers send many) and never sent to an LLM server.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = None
+    min_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, gt=0)
     seed: int | None = None
     stop_token_ids: list[int] | None = None
+    max_iterations: int | None = Field(None, ge=1, description="model turns (the instance's value wins)")
+    max_output_tokens: int | None = Field(None, gt=0, description="tokens per model turn")
+    max_input_tokens: int | None = Field(None, gt=0, description="no turn starts from a longer context")
+    max_model_len: int | None = Field(None, gt=0, description="context cap, below PRORL_MAX_MODEL_LEN")
+    custom_tokenizer: str | None = Field(None, description="tokenizer directory, or a name under PRORL_TOKENIZERS_DIR")
     tokenizer: str | None = Field(None, description="tokenizer directory overriding PRORL_TOKENIZER")
 
     def to_job(self) -> dict[str, Any]:
+        """Every key the client sent, extra ones included, for the split."""
         return self.model_dump(exclude_none=True)
 
 

@@ -28,8 +28,12 @@ def service_status(services: Services) -> dict[str, Any]:
     broker = get_redis(services.settings.effective_broker_url)
     depth = {stage: broker.llen(keys.broker_queue(stage.value)) for stage in Stage}
     workers = live_workers(services.redis, services.settings.heartbeat_s)
+    started = services.store.service_started()
     return {
-        "state": "started" if services.store.service_started() else "stopped",
+        "state": "started" if started else "stopped",
+        "status": "running" if started else "stopped",  # v1's name for the state
+        # v1: jobs accepted and not yet ended (queued or executing in any stage)
+        "pending_jobs": sum(counts[stage.pending.value] + counts[stage.active.value] for stage in Stage),
         "stages": {stage.value: {"queued": counts[stage.pending.value], "active": counts[stage.active.value],
                                  "broker_depth": depth[stage]} for stage in Stage},
         "jobs": counts,

@@ -68,7 +68,9 @@ class JobContext:
     job_id: str
     task: str
     instance: dict[str, Any]
-    sampling_params: dict[str, Any] = field(default_factory=dict)
+    sampling_params: dict[str, Any] = field(default_factory=dict)  # sampler keys (prorl_celery.sampling)
+    #: agent keys of sampling_params: max_iterations, max_output_tokens, max_input_tokens, ...
+    agent_params: dict[str, Any] = field(default_factory=dict)
     init_result: dict[str, Any] = field(default_factory=dict)
     run_result: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() value at which the job's budget runs out

@@ -3,6 +3,7 @@ messages, ``reward_model`` and ``extra_info``), and ``max_iterations``. Each rai
 naming the field, which the gateway turns into a 400."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,11 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 def prompt_messages(prompt: Any, hint: str = "") -> list[dict[str, Any]]:
-    """A verl row's ``prompt``: a non-empty list of ``{"role", "content"}`` messages, copied."""
+    """A verl row's ``prompt``: a non-empty list of ``{"role", "content"}`` messages, copied.
+
+    As ProRL Agent Server v1 takes it, the list may come JSON-encoded and a message without a
+    ``role`` is the user's."""
+    prompt = _decoded(prompt, "prompt")
     if not isinstance(prompt, list) or not prompt:
         raise ValueError("field 'prompt' must be a non-empty list of messages" + (f"; {hint}" if hint else ""))
     return [_message(item, index) for index, item in enumerate(prompt)]
@@ -30,7 +35,7 @@ def verl_row(instance: dict[str, Any], hint: str) -> VerlRow:
     """``prompt`` messages, a rule-style ``reward_model.ground_truth`` (not null) and an
     ``extra_info`` object (``{}`` when absent)."""
     messages = prompt_messages(instance.get("prompt"), hint)
-    reward_model = instance.get("reward_model")
+    reward_model = _decoded(instance.get("reward_model"), "reward_model")
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
         raise ValueError(f"field 'reward_model.ground_truth' is missing; {hint}")
     style = reward_model.get("style", "rule")
@@ -54,10 +59,22 @@ def read_max_iterations(instance: dict[str, Any], default: int, cap: int) -> int
     return min(value, cap)
 
 
+def _decoded(value: Any, name: str) -> Any:
+    """``value``, or what it encodes when it is a JSON array or object in a string."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"field '{name}' is a string but not valid JSON ({error.msg})") from None
+    return value
+
+
 def _message(item: Any, index: int) -> dict[str, Any]:
     where = f"field 'prompt[{index}]'"
     if not isinstance(item, dict):
         raise ValueError(f"{where} must be an object with 'role' and 'content'")
+    if "role" not in item:
+        item = {"role": "user", **item}
     if item.get("role") not in ROLES:
         raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {item.get('role')!r}")
     if not isinstance(item.get("content"), str):

@@ -82,7 +82,8 @@ def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatu
 def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:
     return JobContext(
         job_id=record["id"], task=record["task"], instance=record["instance"] or {},
-        sampling_params=record.get("sampling_params") or {}, init_result=record.get("init_result") or {},
+        sampling_params=record.get("sampling_params") or {}, agent_params=record.get("agent_params") or {},
+        init_result=record.get("init_result") or {},
         run_result=record.get("run_result") or {}, deadline=deadline, attempt=int(record.get("attempt") or 1),
     )
 
@@ -208,13 +209,17 @@ async def wait_for_backend(services: Services, job: JobContext) -> Assignment:
 
 def open_session(services: Services, job: JobContext, assignment: Assignment) -> TokenSession:
     settings = services.settings
-    tokenizer_path = job.sampling_params.get("tokenizer") or settings.tokenizer
+    agent = job.agent_params
+    tokenizer_path = agent.get("tokenizer") or settings.tokenizer
     if not tokenizer_path:
         raise ValueError("no tokenizer: set PRORL_TOKENIZER or sampling_params.tokenizer")
     backend = make_backend(assignment.address, assignment.protocol, timeout_s=settings.llm_timeout_s)
     return TokenSession(tokenizer=load_tokenizer(tokenizer_path), backend=backend,
-                        sampling_params=job.sampling_params, max_model_len=settings.max_model_len,
-                        default_max_tokens=settings.default_max_tokens)
+                        sampling_params=job.sampling_params,
+                        max_model_len=min(settings.max_model_len, agent.get("max_model_len") or settings.max_model_len),
+                        default_max_tokens=settings.default_max_tokens,
+                        max_output_tokens=agent.get("max_output_tokens"),
+                        max_input_tokens=agent.get("max_input_tokens"))
 
 
 async def _run(services: Services, handler: AgentHandler, job: JobContext, record: dict,
@@ -254,6 +259,8 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     if session is not None:
         _count_tokens(services, session)
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **outcome}
+    if session is not None and session.unsupported_params:  # sampler keys this backend's protocol lacks
+        fields["ignored_params"] = sorted({*(record.get("ignored_params") or []), *session.unsupported_params})
     if store.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt).ok:
         enqueue(Stage.EVAL, job.job_id)
 

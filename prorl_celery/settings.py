@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     result_ttl_s: int = Field(24 * 3600, gt=0, description="how long finished jobs stay fetchable")
 
     tokenizer: str | None = Field(None, description="default tokenizer directory (per job: sampling_params.tokenizer)")
+    tokenizers_dir: str | None = Field(
+        None, description="directory of tokenizer directories; sampling_params.custom_tokenizer names one")
     max_model_len: int = Field(32768, gt=0, description="context length prompt + generation must fit")
     default_max_tokens: int = Field(1024, gt=0, description="max_tokens when a job does not set one")
     llm_timeout_s: float = Field(600.0, gt=0, description="timeout of one LLM HTTP request")

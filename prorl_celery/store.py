@@ -22,7 +22,7 @@ from .status import ALLOWED_FROM, JobStatus, Stage
 
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
-    {"instance", "sampling_params", "init_result", "run_result", "eval", "trajectory", "extra", "error",
+    {"instance", "sampling_params", "agent_params", "ignored_params", "init_result", "run_result", "eval", "trajectory", "extra", "error",
      "sandbox"}
 )
 FLOAT_FIELDS = frozenset(

@@ -198,5 +198,6 @@ class SweHandler(AgentHandler):
                                 "error": f"{type(error).__name__}: {error}"})
 
     def final_result(self, job: JobContext) -> dict[str, Any]:
-        """The model patch is the job's artifact."""
-        return {"artifacts": {"patch": job.run_result.get("patch", "")}}
+        """The model patch is the job's artifact, and v1's ``git_patch``."""
+        patch = job.run_result.get("patch", "")
+        return {"artifacts": {"patch": patch}, "git_patch": patch}

@@ -25,9 +25,14 @@ from typing import Any, Protocol
 import httpx
 
 from ..errors import BackendError
+from ..sampling import SAMPLER_KEYS
 
-#: sampling parameters every adapter understands; others pass through to vLLM untouched
-COMMON_PARAMS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "max_tokens")
+
+def _sampler(params: dict[str, Any], protocol: str, renamed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Only the protocol's allow-listed sampler keys, under the server's own names: whatever a
+    caller passes, nothing else reaches an LLM server."""
+    renamed = renamed or {}
+    return {renamed.get(k, k): v for k, v in params.items() if k in SAMPLER_KEYS[protocol]}
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class Completion:
 
 class LLMBackend(Protocol):
     address: str
+    protocol: str  # a key of prorl_celery.sampling.SAMPLER_KEYS
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion: ...
 
@@ -98,13 +104,14 @@ class _HTTPBackend:
 
 class VLLMBackend(_HTTPBackend):
     path = "/v1/completions"
+    protocol = "vllm"
 
     async def _model_name(self) -> str:
         """vLLM rejects a request whose ``model`` is not the served one."""
         return (await self._model_card())["id"]
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
-        body = {**params, "model": await self._model_name(), "prompt": prompt_ids,
+        body = {**_sampler(params, self.protocol), "model": await self._model_name(), "prompt": prompt_ids,
                 "logprobs": 0, "return_token_ids": True, "n": 1, "stream": False}
         choice = (await self._post(body))["choices"][0]
         token_ids = choice.get("token_ids")
@@ -116,12 +123,12 @@ class VLLMBackend(_HTTPBackend):
 
 class SGLangBackend(_HTTPBackend):
     path = "/generate"
+    protocol = "sglang"
+    #: SGLang's names (it rejects "seed")
+    names = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_tokens": "min_new_tokens"}
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
-        sampling = {k: params[k] for k in COMMON_PARAMS if k in params and k not in ("max_tokens", "seed")}
-        sampling["max_new_tokens"] = params["max_tokens"]
-        if "seed" in params:
-            sampling["sampling_seed"] = params["seed"]  # SGLang's name; it rejects "seed"
+        sampling = _sampler(params, self.protocol, self.names)
         body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True}
         reply = await self._post(body)
         meta = reply.get("meta_info", {})
@@ -134,11 +141,12 @@ class SGLangBackend(_HTTPBackend):
 
 class LlamaCppBackend(_HTTPBackend):
     path = "/completion"
+    protocol = "llamacpp"
+    names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty"}
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
-        body: dict[str, Any] = {"prompt": prompt_ids, "n_predict": params["max_tokens"], "n_probs": 1,
-                                "return_tokens": True, "cache_prompt": True, "stream": False}
-        body.update({k: params[k] for k in ("temperature", "top_p", "top_k", "seed") if k in params})
+        body: dict[str, Any] = {**_sampler(params, self.protocol, self.names), "prompt": prompt_ids,
+                                "n_probs": 1, "return_tokens": True, "cache_prompt": True, "stream": False}
         reply = await self._post(body)
         probs = reply.get("completion_probabilities") or []
         token_ids = reply.get("tokens") or [int(p["id"]) for p in probs]

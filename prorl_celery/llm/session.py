@@ -13,10 +13,8 @@ from handlers.base import Generation
 
 from ..errors import BackendError
 from .backends import Completion, LLMBackend
+from ..sampling import for_protocol
 from .tokenizer import ChatTokenizer
-
-#: job sampling_params keys that configure the session rather than the backend's sampler
-SESSION_KEYS = frozenset({"tokenizer"})
 
 
 class ContextExhausted(BackendError):
@@ -25,12 +23,19 @@ class ContextExhausted(BackendError):
 
 class TokenSession:
     def __init__(self, *, tokenizer: ChatTokenizer, backend: LLMBackend, sampling_params: dict[str, Any],
-                 max_model_len: int, default_max_tokens: int) -> None:
+                 max_model_len: int, default_max_tokens: int, max_output_tokens: int | None = None,
+                 max_input_tokens: int | None = None) -> None:
+        """``sampling_params`` are sampler keys (``prorl_celery.sampling.split``); those the
+        backend's protocol does not take are dropped and listed in ``unsupported_params``.
+        ``max_output_tokens`` caps every turn (with ``max_tokens``, the smaller wins);
+        ``max_input_tokens`` caps the context a turn may start from."""
         self.tokenizer = tokenizer
         self.backend = backend
-        self.sampling = {k: v for k, v in sampling_params.items() if k not in SESSION_KEYS}
-        self.sampling.setdefault("max_tokens", default_max_tokens)
+        self.sampling, self.unsupported_params = for_protocol(sampling_params, getattr(backend, "protocol", "vllm"))
+        caps = [c for c in (self.sampling.get("max_tokens"), max_output_tokens) if c is not None]
+        self.sampling["max_tokens"] = min(caps) if caps else default_max_tokens
         self.max_model_len = max_model_len
+        self.max_input_tokens = max_input_tokens
         self.tools: list[dict] | None = None
         self.prompt_ids: list[int] = []
         self.response_ids: list[int] = []
@@ -38,6 +43,8 @@ class TokenSession:
         self.response_logprobs: list[float] = []
         self.turns: list[dict[str, Any]] = []  # what each backend call received and produced
         self._messages: list[dict[str, Any]] = []
+        #: per message, its [start, end) in prompt_ids + response_ids: each token in exactly one
+        self._spans: list[tuple[int, int]] = []
         self._open_turn = False  # the last model turn ended without the end-of-turn token
 
     async def fit_backend_context(self) -> None:
@@ -55,6 +62,10 @@ class TokenSession:
         self._messages = [dict(m) for m in messages]
         self.tools = tools
         self.prompt_ids = self.tokenizer.prompt_ids(self._messages, tools)
+        start = 0
+        for end in self.tokenizer.message_ends(self._messages, self.prompt_ids, tools):
+            self._spans.append((start, end))
+            start = end
 
     async def generate(self, **sampling_overrides: Any) -> Generation:
         if not self._messages:
@@ -62,27 +73,31 @@ class TokenSession:
         params = {**self.sampling, **sampling_overrides}
         params["max_tokens"] = min(int(params["max_tokens"]), self.context_left)
         if params["max_tokens"] <= 0:
-            raise ContextExhausted(f"context length {self.max_model_len} reached after {self.num_turns} turns")
+            raise ContextExhausted(self._exhausted())
         context = self.prompt_ids + self.response_ids
         completion = await self.backend.complete(context, params)
         self._check_lengths(completion)
+        start = self._total
         self.turns.append({"context_len": len(context), "output_start": len(self.response_ids),
                            "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason})
         self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
         self._open_turn = not completion.token_ids or completion.token_ids[-1] != self.tokenizer.eot_id
         text = self.tokenizer.decode(completion.token_ids)
         self._messages.append({"role": "assistant", "content": text})
+        self._spans.append((start, self._total))
         return Generation(text, list(completion.token_ids), list(completion.logprobs), completion.finish_reason)
 
     def add_message(self, role: str, content: str, **fields: Any) -> None:
         if not self._messages:
             raise RuntimeError("start() the conversation before add_message()")
         message = {"role": role, "content": content, **fields}
+        start = self._total  # template tokens closing a cut-off turn belong to what follows
         if self._open_turn:  # close the truncated model turn as the template would have
             self._append(self.tokenizer.encode(self.tokenizer.eot_token), mask=0)
             self._open_turn = False
         self._append(self.tokenizer.observation_ids(message, self.tools), mask=0)
         self._messages.append(message)
+        self._spans.append((start, self._total))
 
     def _check_lengths(self, completion: Completion) -> None:
         """The trajectory invariant, for every protocol: one logprob per generated id."""
@@ -102,9 +117,23 @@ class TokenSession:
 
     @property
     def context_left(self) -> int:
-        return self.max_model_len - len(self.prompt_ids) - len(self.response_ids)
+        """Tokens the next turn may generate: 0 once the context is over ``max_input_tokens``."""
+        used = len(self.prompt_ids) + len(self.response_ids)
+        if self.max_input_tokens is not None and used > self.max_input_tokens:
+            return 0
+        return self.max_model_len - used
+
+    def _exhausted(self) -> str:
+        used = len(self.prompt_ids) + len(self.response_ids)
+        if self.max_input_tokens is not None and used > self.max_input_tokens:
+            return f"the context ({used} tokens) is over max_input_tokens {self.max_input_tokens} after {self.num_turns} turns"
+        return f"context length {self.max_model_len} reached after {self.num_turns} turns"
 
     # -- trajectory ----------------------------------------------------------------------------
+
+    @property
+    def _total(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
 
     def _append(self, ids: list[int], *, mask: int, logprobs: list[float] | None = None) -> None:
         self.response_ids += ids
@@ -119,6 +148,7 @@ class TokenSession:
             "response_mask": self.response_mask,
             "response_logprobs": self.response_logprobs,
             "messages": self.messages,
+            "message_spans": [list(span) for span in self._spans],
             "tools": self.tools,
             "num_turns": self.num_turns,
             "turns": self.turns,

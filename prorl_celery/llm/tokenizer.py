@@ -50,6 +50,23 @@ class ChatTokenizer:
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
+    def message_ends(self, messages: list[dict[str, Any]], prompt_ids: list[int],
+                     tools: list[dict] | None = None) -> list[int]:
+        """Where each first message's tokens end in ``prompt_ids``; the last one ends with the
+        generation prompt. A message whose own rendering is not a token prefix of the prompt
+        (a template that adds a preamble only once it sees later turns) shares the next
+        message's end, so every token still belongs to exactly one message."""
+        ends = []
+        for count in range(1, len(messages)):
+            ids = self.encode(self.render(messages[:count], tools))
+            prefix = len(ids) if prompt_ids[:len(ids)] == ids else -1
+            ends.append(prefix)
+        ends.append(len(prompt_ids))
+        for index in range(len(ends) - 2, -1, -1):  # an unmatched end takes the next one
+            if ends[index] < 0 or ends[index] > ends[index + 1]:
+                ends[index] = ends[index + 1]
+        return ends
+
     def observation_ids(self, message: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
         """Ids to append after a model turn that ended with the end-of-turn token."""
         turns = self._probe_turns(tools)

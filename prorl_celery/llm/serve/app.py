@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any
 
 from fastapi import FastAPI, Request
+from pydantic import BaseModel
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -73,10 +74,10 @@ class LLMServer:
     # -- running one generation
 
     async def run(self, request: Request, protocol: str, prompt_ids: list[int],
-                  params: SamplingParams) -> Generation | None:
+                  params: SamplingParams, body: BaseModel) -> Generation | None:
         """Generate, or return None when the client went away first (recorded as aborted)."""
         gen = Generation(request_id=uuid.uuid4().hex, protocol=protocol, prompt_ids=prompt_ids,
-                         params=params, started=time.time())
+                         params=params, started=time.time(), request_keys=sent_keys(body))
         self.log.append(gen)
         work = asyncio.ensure_future(self._drive(gen))
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))
@@ -153,6 +154,15 @@ def _describe(path: str, error: dict[str, Any]) -> str:
     return message
 
 
+def sent_keys(body: BaseModel, prefix: str = "") -> list[str]:
+    """Every field the client sent, nested ones as ``parent.child`` (the ``/_log`` record)."""
+    keys = []
+    for name in sorted(body.model_fields_set):
+        value = getattr(body, name)
+        keys += sent_keys(value, f"{prefix}{name}.") if isinstance(value, BaseModel) else [prefix + name]
+    return keys
+
+
 def _sampling(*, max_tokens: int, temperature: float | None, top_p: float | None,
               top_k: int | None, min_p: float | None, seed: int | None,
               stop_token_ids: list[int] | None, ignore_eos: bool,
@@ -192,7 +202,7 @@ def create_llm_app(engine: Engine, *, log_limit: int = 100_000) -> FastAPI:
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
             seed=body.seed, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
             top_logprobs=body.logprobs or 0)
-        gen = await server.run(request, "vllm", prompt, params)
+        gen = await server.run(request, "vllm", prompt, params, body)
         if gen is None:
             return Response(status_code=CLIENT_CLOSED)
         return vllm_response(gen, body, server.texts, engine.model_name)
@@ -208,7 +218,7 @@ def create_llm_app(engine: Engine, *, log_limit: int = 100_000) -> FastAPI:
             temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
             seed=sp.sampling_seed, stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
             top_logprobs=body.top_logprobs_num if body.return_logprob else 0)
-        gen = await server.run(request, "sglang", prompt, params)
+        gen = await server.run(request, "sglang", prompt, params, body)
         if gen is None:
             return Response(status_code=CLIENT_CLOSED)
         return sglang_response(gen, body, server.texts)
@@ -222,7 +232,7 @@ def create_llm_app(engine: Engine, *, log_limit: int = 100_000) -> FastAPI:
             temperature=max(body.temperature, 0.0), top_p=body.top_p, top_k=body.top_k,
             min_p=body.min_p, seed=None if body.seed < 0 else body.seed, stop_token_ids=None,
             ignore_eos=body.ignore_eos, top_logprobs=body.n_probs)
-        gen = await server.run(request, "llamacpp", prompt, params)
+        gen = await server.run(request, "llamacpp", prompt, params, body)
         if gen is None:
             return Response(status_code=CLIENT_CLOSED)
         return llamacpp_response(gen, body, server.texts, engine.model_name)

@@ -33,6 +33,20 @@ def _no_stop_strings(value: Any) -> Any:
 StopStrings = Annotated[str | list[str] | None, AfterValidator(_no_stop_strings)]
 
 
+def _no_op(neutral: float) -> Any:
+    """A sampler option this server accepts only at its no-op value (penalties, min tokens)."""
+    def check(value: Any) -> Any:
+        if value is not None and value != neutral:
+            raise ValueError(f"only {neutral} is supported by this server")
+        return value
+    return AfterValidator(check)
+
+
+ZeroPenalty = Annotated[float | None, _no_op(0.0)]
+UnitPenalty = Annotated[float | None, _no_op(1.0)]
+NoMinTokens = Annotated[int | None, _no_op(0)]
+
+
 # ----------------------------------------------------------------------------- vLLM
 
 
@@ -50,6 +64,10 @@ class VLLMCompletionRequest(_Strict):
     stop_token_ids: list[int] | None = None
     stop: StopStrings = None
     ignore_eos: bool = False
+    presence_penalty: ZeroPenalty = None
+    frequency_penalty: ZeroPenalty = None
+    repetition_penalty: UnitPenalty = None
+    min_tokens: NoMinTokens = None
     logprobs: int | None = Field(default=None, ge=0)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
@@ -85,6 +103,10 @@ class SGLangSamplingParams(_Strict):
     stop: StopStrings = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    presence_penalty: ZeroPenalty = None
+    frequency_penalty: ZeroPenalty = None
+    repetition_penalty: UnitPenalty = None
+    min_new_tokens: NoMinTokens = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -124,6 +146,9 @@ class LlamaCppCompletionRequest(_Strict):
     cache_prompt: bool = True  # accepted; this server keeps no cache between requests
     ignore_eos: bool = False
     stop: StopStrings = None
+    presence_penalty: ZeroPenalty = None
+    frequency_penalty: ZeroPenalty = None
+    repeat_penalty: UnitPenalty = None
     post_sampling_probs: Literal[False] = False
     id_slot: int = -1
     stream: Literal[False] = False
@@ -151,12 +176,15 @@ class Generation:
     stopped_on_eos: bool = False
     aborted: bool = False
     finished: float | None = None
+    #: the fields of the request body the client sent (``parent.child`` for nested ones)
+    request_keys: list[str] = field(default_factory=list)
 
     def log_record(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "protocol": self.protocol,
                 "prompt_ids": self.prompt_ids, "output_ids": self.output_ids,
                 "logprobs": self.logprobs, "aborted": self.aborted, "started": self.started,
-                "finished": self.finished, "finish_reason": self.finish_reason}
+                "finished": self.finished, "finish_reason": self.finish_reason,
+                "request_keys": self.request_keys, "max_tokens": self.params.max_tokens}
 
     def text_ids(self, *, trim_stop: bool = True) -> list[int]:
         """Output ids that make up the text: the stop token is not part of it."""
