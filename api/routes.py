@@ -12,7 +12,7 @@ from handlers import UnknownTaskError, get_handler
 from prorl_celery.celery_app import enqueue
 from prorl_celery.errors import BadRequest, Forbidden, ServiceStopped, UnknownTask
 from prorl_celery.results import build_result, pending_result
-from prorl_celery.sampling import resolve_tokenizer, split as split_sampling
+from prorl_celery.sampling import UnresolvedTokenizer, resolve_tokenizer, split as split_sampling
 from prorl_celery.services import get_services
 from prorl_celery.status import JobStatus, Stage
 
@@ -56,10 +56,15 @@ def submit(body: ProcessRequest) -> tuple[str, bool]:
         handler.validate_instance(instance)
     except ValueError as error:
         raise BadRequest(f"instance: {error}") from None
+    ignored = list(params.ignored)
     try:
         tokenizer = resolve_tokenizer(params.agent, None, settings.tokenizers_dir)
-    except ValueError as error:
-        raise BadRequest(str(error)) from None
+    except UnresolvedTokenizer as error:
+        # without a directory of tokenizers a v1 trainer's model name (custom_tokenizer) cannot
+        # be resolved: the service's own tokenizer serves, and the result says the key was ignored
+        if settings.tokenizers_dir or not settings.tokenizer:
+            raise BadRequest(str(error)) from None
+        tokenizer, ignored = None, sorted([*ignored, "custom_tokenizer"])
     if handler.uses_llm and not (tokenizer or settings.tokenizer):
         raise BadRequest("sampling_params.tokenizer: required when PRORL_TOKENIZER is not set")
     # a job without its own tokenizer uses the RUN worker's PRORL_TOKENIZER (paths differ per node)
@@ -70,7 +75,7 @@ def submit(body: ProcessRequest) -> tuple[str, bool]:
     job_id = body.job_id or uuid.uuid4().hex
     created, _ = services.store.create(job_id, {
         "task": handler.name or body.task_name, "instance": instance,
-        "sampling_params": params.sampler, "agent_params": agent, "ignored_params": list(params.ignored),
+        "sampling_params": params.sampler, "agent_params": agent, "ignored_params": ignored,
         "budget_s": budget, "attempt": 1,
         "max_attempts": body.max_attempts or settings.max_attempts})
     if created:

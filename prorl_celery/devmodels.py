@@ -353,7 +353,7 @@ SFT_PROBLEMS: tuple[tuple[str, str, str, str], ...] = (
      "print([(x+1)**2 - 2*(x+1) + 2 - (x*x + 1) for x in range(5)])", "x^2+1"),
 )
 #: the math instance fields the model was trained under (tools described, room for both turns)
-SFT_INSTANCE = {"tools": ["python"], "max_iterations": 3}
+SFT_INSTANCE = {"data_source": "math", "tools": ["python"], "max_iterations": 3}
 #: bump when SFT_PROBLEMS, the prompt format or the architecture change
 VLLM_MODEL_VERSION = 1
 

@@ -79,10 +79,15 @@ def for_protocol(sampler: dict[str, Any], protocol: str) -> tuple[dict[str, Any]
             tuple(sorted(k for k in sampler if k not in allowed)))
 
 
+class UnresolvedTokenizer(ValueError):
+    """``custom_tokenizer`` names no directory (and none under ``tokenizers_dir``)."""
+
+
 def resolve_tokenizer(agent: dict[str, Any], default: str | None, tokenizers_dir: str | None) -> str | None:
     """The tokenizer directory a job uses: ``tokenizer``, else ``custom_tokenizer`` (a directory,
-    or a name such as ``Qwen/Qwen3-8B`` looked up under ``tokenizers_dir`` by its full path or
-    its last part), else ``default``. ValueError names the key when nothing matches."""
+    or a name such as ``Qwen/Qwen3-8B`` looked up under ``tokenizers_dir`` by its full path, its
+    last part, or with ``/`` as ``--``), else ``default``. UnresolvedTokenizer names the key when
+    nothing matches."""
     if agent.get("tokenizer"):
         return str(agent["tokenizer"])
     name = agent.get("custom_tokenizer")
@@ -97,4 +102,4 @@ def resolve_tokenizer(agent: dict[str, Any], default: str | None, tokenizers_dir
             return str(candidate)
     where = f" nor under PRORL_TOKENIZERS_DIR ({tokenizers_dir})" if tokenizers_dir else \
         " (set PRORL_TOKENIZERS_DIR to resolve tokenizer names)"
-    raise ValueError(f"sampling_params.custom_tokenizer: {name!r} is not a directory{where}")
+    raise UnresolvedTokenizer(f"sampling_params.custom_tokenizer: {name!r} is not a directory{where}")

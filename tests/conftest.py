@@ -96,8 +96,17 @@ def llm_servers(qwen3_tokenizer, tmp_path_factory) -> list[LLMServer]:
 
 
 @pytest.fixture(scope="session")
-def cluster(redis_url, qwen3_tokenizer, tmp_path_factory) -> LocalCluster:
-    env = {"PRORL_HANDLERS": "fault=tests.support.handlers:FaultHandler",
+def tokenizers_dir(qwen3_tokenizer, tmp_path_factory) -> Path:
+    """An operator's directory of tokenizers: the name a v1 trainer sends as custom_tokenizer
+    ("Qwen/Qwen3-4B") resolves to the Qwen3 tokenizer fixture."""
+    root = tmp_path_factory.mktemp("tokenizers")
+    (root / "Qwen3-4B").symlink_to(qwen3_tokenizer, target_is_directory=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cluster(redis_url, qwen3_tokenizer, tokenizers_dir, tmp_path_factory) -> LocalCluster:
+    env = {"PRORL_HANDLERS": "fault=tests.support.handlers:FaultHandler", "PRORL_TOKENIZERS_DIR": str(tokenizers_dir),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": "3", "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_VISIBILITY_TIMEOUT_S": "10",
            "PRORL_SHUTDOWN_GRACE_S": "1"}

