@@ -1,7 +1,7 @@
 """Bearer-token auth of the gateway, on when tokens are configured.
 
 ``PRORL_API_TOKEN`` guards the job endpoints, ``PRORL_ADMIN_TOKEN`` the cluster controls
-(``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``); the admin token also opens the
+(``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``, ``/llm_servers/version``); the admin token also opens the
 job endpoints. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
 
 Browsers sign in to the dashboard at ``/dashboard/login``, which keeps the token in an HttpOnly
@@ -22,7 +22,7 @@ from prorl_celery.settings import Settings
 DASHBOARD_PREFIX = "/dashboard"
 DASHBOARD_COOKIE = "prorl_dashboard_token"
 OPEN = frozenset({"/healthz", "/metrics", DASHBOARD_PREFIX + "/login"})
-ADMIN = frozenset({"/start", "/stop", "/add_llm_server", "/clear_llm_server"})
+ADMIN = frozenset({"/start", "/stop", "/add_llm_server", "/clear_llm_server", "/llm_servers/version"})
 
 
 def _is_dashboard(path: str) -> bool:

@@ -16,7 +16,7 @@ from prorl_celery.sampling import UnresolvedTokenizer, resolve_tokenizer, split 
 from prorl_celery.services import get_services
 from prorl_celery.status import JobStatus, Stage
 
-from .schemas import AddServerRequest, CancelRequest, ProcessRequest
+from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
 
 bp = Blueprint("jobs", __name__)
 
@@ -140,9 +140,20 @@ def cancel():
 def add_llm_server():
     body = parse(AddServerRequest)
     check_allowed_backend(body.address.host or "", get_services().settings.backend_allowlist)
-    added, generation = get_services().pool.add(body.normalized_address, body.type)
+    added, generation = get_services().pool.add(body.normalized_address, body.type, body.version)
     return jsonify({"address": body.normalized_address, "type": body.type, "added": added,
-                    "generation": generation})
+                    "generation": generation, "version": get_services().pool.version(body.normalized_address)})
+
+
+@bp.post("/llm_servers/version")
+def set_llm_server_version():
+    """Jobs in flight keep their backend; their next turns record the new version."""
+    body = parse(SetVersionRequest)
+    try:
+        versions = get_services().pool.set_version(body.version, body.normalized_address)
+    except KeyError:
+        raise BadRequest(f"address: {body.normalized_address!r} is not a registered LLM server") from None
+    return jsonify({"versions": versions})
 
 
 def check_allowed_backend(host: str, allowlist: str) -> None:

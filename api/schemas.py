@@ -82,10 +82,24 @@ class AddServerRequest(BaseModel):
 
     address: HttpUrl = Field(description="e.g. http://host:8000/v1")
     type: Literal["vllm", "sglang", "llamacpp"] = "vllm"
+    version: int | None = Field(None, ge=0, description="policy version the server holds")
 
     @property
     def normalized_address(self) -> str:
         return str(self.address).rstrip("/")
+
+
+class SetVersionRequest(BaseModel):
+    """``POST /llm_servers/version``: the trainer loaded new weights into a backend (or all)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=0, description="the policy version now served")
+    address: HttpUrl | None = Field(None, description="one registered backend; default every one")
+
+    @property
+    def normalized_address(self) -> str | None:
+        return str(self.address).rstrip("/") if self.address is not None else None
 
 
 class JobAccepted(BaseModel):

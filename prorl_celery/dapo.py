@@ -15,9 +15,13 @@ The trainer calls ``batch = collector.next_batch()`` once per step and gets exac
   (``max_staleness``), already proven useful (the filter accepts its partial rewards) or at least
   ``carry_min_done`` finished, and within ``max_carry_groups`` (default B), proven ones first;
 * **tags**: every :class:`Rollout` keeps the ``step`` it was submitted in, the ``batch_step`` of
-  the batch it is returned in (``carried_over`` when later) and the backend ``generation`` the
-  service ran it under (bumped by ``/clear_llm_server`` after a weight update), so the trainer
-  can weigh or drop stale samples.
+  the batch it is returned in (``carried_over`` when later), the backend ``generation`` the
+  service ran it under (bumped by ``/clear_llm_server``) and the ``policy_versions`` that
+  produced its tokens, so the trainer can weigh or drop stale samples;
+* **policy lag**: with ``max_policy_lag`` set and the trainer calling ``set_policy_version``
+  after each weight update, a rollout produced (even in part) by a version more than that many
+  versions old is run again, and a completed group waiting for the next batch that holds one
+  is dropped as stale.
 
 Rollouts that do not end ``completed`` follow a policy per status: ``on_timeout`` (default
 ``"zero"``: the rollout stays in its group with reward 0, as an over-long answer would) and
@@ -90,6 +94,18 @@ class AsyncDAPOCollector:
         self._cancelled_ids: list[str] = []
         self._failures_in_row = 0
         self._interrupted: tuple[StepStats, float, float | None] | None = None
+        #: the policy version the trainer holds now (set_policy_version after each weight update)
+        self.policy_version: int | None = None
+
+    def set_policy_version(self, version: int) -> None:
+        """The trainer pushed new weights: rollouts are judged against ``max_policy_lag`` now."""
+        self.policy_version = version
+
+    def _too_old(self, rollout: Rollout) -> bool:
+        lag = self.config.max_policy_lag
+        if lag is None or self.policy_version is None or not rollout.policy_versions:
+            return False
+        return min(rollout.policy_versions) < self.policy_version - lag
 
     def default_request(self, group: Group, index: int) -> dict[str, Any]:
         """The prompt's instance with ``instance_id``/``trajectory_id`` and the config's fields."""
@@ -177,7 +193,8 @@ class AsyncDAPOCollector:
     def _take_ready(self, stats: StepStats) -> list[Group]:
         """Groups completed after the last batch was cut, if still fresh enough."""
         ready, self._ready = self._ready, []
-        fresh = [g for g in ready if self.step - g.first_step <= self.config.max_staleness]
+        fresh = [g for g in ready if self.step - g.first_step <= self.config.max_staleness
+                 and not any(self._too_old(r) for r in g.rollouts.values())]
         stats.stale += len(ready) - len(fresh)
         self._ready = fresh[self.config.batch_groups:]
         return fresh[:self.config.batch_groups]
@@ -196,7 +213,8 @@ class AsyncDAPOCollector:
                 break
             group, index, job_id = slot
             # a submission that failed is repeated under its id: the job may exist already
-            job_id = job_id or f"{self.run_id}-{group.key}-{index}-{group.retries}"
+            job_id = job_id or f"{self.run_id}-{group.key}-{index}-{group.retries}" + (
+                f"-r{group.reruns}" if group.reruns else "")
             rollout = Rollout(job_id, group.key, index, self.step)
             group.rollouts[index] = rollout
             batch.append(rollout)
@@ -278,10 +296,16 @@ class AsyncDAPOCollector:
         result = outcome if isinstance(outcome, dict) else {"status": "failed", "error": str(outcome)}
         rollout.result, rollout.status = result, result["status"]
         rollout.generation = result.get("generation")
+        rollout.policy_versions = list((result.get("trajectory") or {}).get("policy_versions") or [])
         self._failures_in_row = 0 if rollout.status == "completed" else self._failures_in_row + 1
         if self._failures_in_row > self.config.failure_limit:
             raise RolloutsFailing(f"{self._failures_in_row} rollouts in a row ended without completing; "
                                   f"last: {rollout.job_id} {rollout.status}: {result.get('error')}")
+        if rollout.status == "completed" and self._too_old(rollout):
+            stats.stale_rollouts += 1  # produced by weights too far behind: run it again
+            group.reruns += 1
+            self._pending.appendleft((group.key, rollout.index, None))
+            return None
         if rollout.status == "completed":
             rollout.reward = float(result.get("reward") or 0.0)
         elif not self._apply_failure_policy(group, rollout, stats):
@@ -413,6 +437,9 @@ class DAPOCollector:
     @property
     def step(self) -> int:
         return self.aio.step
+
+    def set_policy_version(self, version: int) -> None:
+        self.aio.set_policy_version(version)
 
     def next_batch(self) -> Batch:
         return self.client.run(self.aio.next_batch())

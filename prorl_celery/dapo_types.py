@@ -43,6 +43,10 @@ class CollectorConfig:
     carry_over: bool = True
     #: a rollout lands in a batch at most this many steps after the step it was submitted in
     max_staleness: int = 1
+    #: the same bound in policy versions (TRL async GRPO's and prime-rl's): a rollout any of whose
+    #: tokens came from a version more than this far behind the collector's ``policy_version``
+    #: is run again (None: versions are not checked)
+    max_policy_lag: int | None = None
     carry_min_done: float = 0.5
     max_carry_groups: int | None = None
     #: a step returns what it has (fewer than B groups) after this long
@@ -74,6 +78,8 @@ class Rollout:
     #: reward used for the group (0.0 for a timeout under "zero")
     reward: float | None = None
     generation: int | None = None
+    #: every policy version that produced a token of it (the trajectory's ``policy_versions``)
+    policy_versions: list[int] = field(default_factory=list)
     #: step of the batch the rollout's group was returned in
     batch_step: int | None = None
     result: dict[str, Any] | None = None
@@ -93,6 +99,8 @@ class Group:
     first_step: int
     rollouts: dict[int, Rollout] = field(default_factory=dict)
     retries: int = 0
+    #: rollouts run again for their policy lag (not failures: max_retries does not count them)
+    reruns: int = 0
 
     @property
     def finished(self) -> list[Rollout]:
@@ -124,8 +132,10 @@ class StepStats:
     #: groups dropped for failed rollouts (on_failed/on_timeout "drop", retries spent, rejected)
     failed_groups: int = 0
     retried: int = 0
-    #: complete informative groups dropped for exceeding max_staleness
+    #: complete informative groups dropped for exceeding max_staleness or max_policy_lag
     stale: int = 0
+    #: completed rollouts run again because their policy was older than max_policy_lag allows
+    stale_rollouts: int = 0
     #: results of groups already dropped, or of jobs ended before their cancel arrived
     discarded: int = 0
     #: rollouts from earlier steps still in flight (or unread) when this step began

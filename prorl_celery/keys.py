@@ -22,6 +22,7 @@ prorl:llm:backends                 zset    backend address -> jobs assigned (the
 prorl:llm:types                    hash    backend address -> protocol (vllm | sglang | llamacpp)
 prorl:llm:inflight                 hash    backend address -> jobs in RUN on it now
 prorl:llm:generation               string  bumped by /clear_llm_server
+prorl:llm:versions                 hash    backend address -> policy version (set by the trainer)
 prorl:reaper:lock                  string  owner of the lease reaper (expires, so a dead owner lapses)
 prorl:node:<node>:addresses        hash    loopback address -> sandbox that leases it
 prorl:node:<node>:sandboxes        hash    sandbox id -> ledger record (JSON): job, worker, pids
@@ -49,6 +50,7 @@ LLM_BACKENDS = PREFIX + "llm:backends"
 LLM_TYPES = PREFIX + "llm:types"
 LLM_INFLIGHT = PREFIX + "llm:inflight"
 LLM_GENERATION = PREFIX + "llm:generation"
+LLM_VERSIONS = PREFIX + "llm:versions"
 WORKERS = PREFIX + "workers"
 REAPER_LOCK = PREFIX + "reaper:lock"
 METRIC_COUNTERS = PREFIX + "metrics:counters"

@@ -219,7 +219,8 @@ def open_session(services: Services, job: JobContext, assignment: Assignment) ->
                         max_model_len=min(settings.max_model_len, agent.get("max_model_len") or settings.max_model_len),
                         default_max_tokens=settings.default_max_tokens,
                         max_output_tokens=agent.get("max_output_tokens"),
-                        max_input_tokens=agent.get("max_input_tokens"))
+                        max_input_tokens=agent.get("max_input_tokens"),
+                        policy_version=lambda: services.pool.version(assignment.address))
 
 
 async def _run(services: Services, handler: AgentHandler, job: JobContext, record: dict,

@@ -9,8 +9,10 @@ these beside our own fields; each is defined the way v1 defines it:
                   included) with ``logprobs`` one per id; every other message holds its own
                   template tokens, the generation prompt that follows it, and the template
                   tokens that close a cut-off model turn before it. Assistant messages carry
-                  ``tool_calls`` (``{"id", "name", "arguments"}``, as v1 flattens them), tool
-                  messages the ``tool_call_id`` they answer.
+                  ``tool_calls`` (``{"id", "name", "arguments"}``, as v1 flattens them) and
+                  ``input_ids`` (the ids the backend received for that turn), tool messages the
+                  ``tool_call_id`` they answer; as in v1, ``input_ids`` and ``logprobs`` are
+                  null on the other messages.
 ``score``         the reward (``reward``)
 ``resolved``      the job completed and its reward is above 0.99 (v1: tests pass, or the
                   grader's score > 0.99)
@@ -67,8 +69,9 @@ def v1_messages(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
     offset = len(prompt_ids)
     out, pending_calls = [], []
     for index, (message, (start, end)) in enumerate(zip(messages, spans)):
-        item = {**message, "token_ids": ids[start:end]}
+        item = {**message, "token_ids": ids[start:end], "input_ids": None, "logprobs": None}
         if message.get("role") == "assistant":
+            item["input_ids"] = ids[:start]  # the context of that call (NeMo-Gym's prompt_token_ids)
             item["logprobs"] = logprobs[start - offset:end - offset]
             calls = _tool_calls(message.get("content") or "", index)
             if calls:

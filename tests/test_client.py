@@ -50,12 +50,15 @@ class FakeJob:
     reward: float = 0.0
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     timer: asyncio.TimerHandle | None = None
+    #: the backend's policy version when the job started (None: never set)
+    policy_version: int | None = None
 
     def result(self) -> dict[str, Any]:
         instance = self.body["instance"]
+        trajectory = None if self.policy_version is None else {"policy_versions": [self.policy_version]}
         return {"job_id": self.job_id, "status": self.status, "reward": self.reward,
                 "instance_id": instance.get("instance_id"), "trajectory_id": instance.get("trajectory_id"),
-                "generation": self.generation, "critical_error": None, "error": None, "trajectory": None}
+                "generation": self.generation, "critical_error": None, "error": None, "trajectory": trajectory}
 
 
 class FakeGateway:
@@ -74,6 +77,7 @@ class FakeGateway:
         self.requests: Counter[str] = Counter()
         self.hosts: Counter[str] = Counter()
         self.generation = 0
+        self.policy_version: int | None = None
         self.backends: list[str] = []
         self.transport = httpx.MockTransport(self.handle)
 
@@ -115,7 +119,7 @@ class FakeGateway:
         job_id = body["job_id"]
         created = job_id not in self.jobs
         if created:
-            job = self.jobs[job_id] = FakeJob(job_id, body, self.generation)
+            job = self.jobs[job_id] = FakeJob(job_id, body, self.generation, policy_version=self.policy_version)
             status, reward, delay = self.script(body)
             job.status = "run"
             job.timer = asyncio.get_running_loop().call_later(delay, self.finish, job, status, reward)

@@ -159,7 +159,7 @@ def assert_exact(trajectory: Trajectory, turns: list[dict[str, Any]]) -> int:
         if message["role"] == "assistant":
             served = [t for t in turns if t["prompt_ids"] == context and t["output_ids"] == message["token_ids"]]
             assert served, f"no backend request matches assistant turn {checked + 1} of {result['job_id']}"
-            assert message["logprobs"] == served[0]["logprobs"]
+            assert message["logprobs"] == served[0]["logprobs"] and message["input_ids"] == context
             checked += 1
         context = context + message["token_ids"]
     return checked

@@ -143,10 +143,11 @@ def test_multi_turn_tool_trajectories_are_token_exact(gateway, vllm_a, vllm_mode
 def test_cancel_aborts_the_request_inside_vllm(gateway, vllm_a, request):
     register(gateway, vllm_a)
     length_before = vllm_a.metrics()["request_success_total:length"]
+    generated_before = vllm_a.generated()
     job_id = gateway.submit({**sft_instances()[0], "instance_id": "cancel"},
                             sampling_params={"temperature": 1.0, "max_tokens": 3000, "ignore_eos": True})
-    eventually(lambda: vllm_a.running() == 1, 60, "the job's request running in vLLM")
-    time.sleep(1.0)  # well into the generation (it would take ~10 s)
+    # well into the generation (all of it would take ~10 s)
+    eventually(lambda: vllm_a.generated() - generated_before >= 100, 60, "the job generating in vLLM")
     assert vllm_a.running() == 1
     response = gateway.post("/cancel", json={"job_id": job_id})
     returned = time.monotonic()
@@ -157,8 +158,11 @@ def test_cancel_aborts_the_request_inside_vllm(gateway, vllm_a, request):
     abort_s = time.monotonic() - returned
     result = gateway.result(job_id, wait=30)
     assert result["status"] == "cancelled"
-    # aborted, not finished: a request run to its end would count as finished by "length"
-    assert vllm_a.running() == 0 and vllm_a.metrics()["request_success_total:length"] == length_before
+    # aborted, not finished: no more tokens, and it is not counted as finished by "length"
+    generated = vllm_a.generated()
+    time.sleep(0.5)
+    assert vllm_a.generated() == generated and vllm_a.running() == 0
+    assert vllm_a.metrics()["request_success_total:length"] == length_before
     say(request, f"cancel: vllm:num_requests_running back to 0 {abort_s * 1000:.0f} ms after /cancel returned")
 
 
@@ -204,7 +208,10 @@ def test_clear_and_reregister_two_vllm_servers_mid_run(gateway, vllm_servers, re
     slow = {"temperature": 0.0, "max_tokens": 240, "min_tokens": 200}
     old = [gateway.submit({**sft_instances()[i], "instance_id": f"old-{i}"}, sampling_params=slow)
            for i in range(2)]
-    eventually(lambda: a.running() >= 1, 60, "the old jobs generating on A")
+    generated = a.generated()
+    eventually(lambda: [s["in_flight"] for s in gateway.get("/llm_servers").json()["servers"]] == [2], 60,
+               "both old jobs holding A")
+    eventually(lambda: a.generated() - generated >= 20, 60, "the old jobs generating on A")
     assert gateway.post("/clear_llm_server").status_code == 200
     register(gateway, b)
     greedy = {"temperature": 0.0, "max_tokens": 256}

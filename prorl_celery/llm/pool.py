@@ -3,6 +3,9 @@
 A job entering RUN takes the backend with the fewest assignments (one Lua script: pick and
 count) and keeps it for every turn, so the backend's prefix cache serves the whole rollout.
 ``clear`` bumps the generation: new jobs use the new set, jobs in flight keep theirs.
+
+Each backend also has a policy version, which the trainer sets when it loads new weights into
+it; every model turn records the version of the backend that produced it.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import redis
 
 from .. import keys
 from ..store import load_script
+from .backends import base_url
 
 PROTOCOLS = ("vllm", "sglang", "llamacpp")
 
@@ -29,6 +33,7 @@ class BackendInfo:
     protocol: str
     assigned: int
     in_flight: int
+    version: int | None = None
 
 
 class BackendPool:
@@ -37,19 +42,41 @@ class BackendPool:
         self._add = load_script(client, "add_backend")
         self._acquire = load_script(client, "acquire_backend")
 
-    def add(self, address: str, protocol: str = "vllm") -> tuple[bool, int]:
-        """Register ``address``; returns (newly added, current generation)."""
+    def add(self, address: str, protocol: str = "vllm", version: int | None = None) -> tuple[bool, int]:
+        """Register ``address`` (at policy ``version`` when given); returns (newly added, current
+        generation)."""
         added, generation = self._add(
             keys=[keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_GENERATION], args=[address, protocol]
         )
+        if version is not None:
+            self.redis.hset(keys.LLM_VERSIONS, address, version)
         return bool(added), int(generation)
 
     def clear(self) -> int:
         """Forget every backend; returns the new generation."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.LLM_BACKENDS, keys.LLM_TYPES)
+        pipe.delete(keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_VERSIONS)
         pipe.incr(keys.LLM_GENERATION)
         return int(pipe.execute()[1])
+
+    def set_version(self, version: int, address: str | None = None) -> dict[str, int]:
+        """Set the policy version of ``address``, or of every registered backend; returns the
+        backends set. An address that is not registered is a KeyError."""
+        registered = self.redis.zrange(keys.LLM_BACKENDS, 0, -1)
+        if address is None:
+            targets = sorted(registered)
+        else:  # http://host:port and http://host:port/v1 name the same server
+            targets = [r for r in registered if base_url(r) == base_url(address)]
+            if not targets:
+                raise KeyError(address)
+        if targets:
+            self.redis.hset(keys.LLM_VERSIONS, mapping={target: version for target in targets})
+        return {target: version for target in targets}
+
+    def version(self, address: str) -> int | None:
+        """The policy version ``address`` serves now (None until the trainer sets one)."""
+        value = self.redis.hget(keys.LLM_VERSIONS, address)
+        return int(value) if value is not None else None
 
     def generation(self) -> int:
         return int(self.redis.get(keys.LLM_GENERATION) or 0)
@@ -71,8 +98,10 @@ class BackendPool:
         pipe.zrange(keys.LLM_BACKENDS, 0, -1, withscores=True)
         pipe.hgetall(keys.LLM_TYPES)
         pipe.hgetall(keys.LLM_INFLIGHT)
-        members, types, inflight = pipe.execute()
+        pipe.hgetall(keys.LLM_VERSIONS)
+        members, types, inflight, versions = pipe.execute()
         return [
-            BackendInfo(address, types.get(address, "vllm"), int(score), int(inflight.get(address, 0)))
+            BackendInfo(address, types.get(address, "vllm"), int(score), int(inflight.get(address, 0)),
+                        int(versions[address]) if address in versions else None)
             for address, score in members
         ]

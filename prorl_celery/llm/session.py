@@ -7,6 +7,7 @@ chat template's suffix for the new message (mask 0). The backend always receives
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from handlers.base import Generation
@@ -24,11 +25,14 @@ class ContextExhausted(BackendError):
 class TokenSession:
     def __init__(self, *, tokenizer: ChatTokenizer, backend: LLMBackend, sampling_params: dict[str, Any],
                  max_model_len: int, default_max_tokens: int, max_output_tokens: int | None = None,
-                 max_input_tokens: int | None = None) -> None:
+                 max_input_tokens: int | None = None,
+                 policy_version: Callable[[], int | None] | None = None) -> None:
         """``sampling_params`` are sampler keys (``prorl_celery.sampling.split``); those the
         backend's protocol does not take are dropped and listed in ``unsupported_params``.
         ``max_output_tokens`` caps every turn (with ``max_tokens``, the smaller wins);
-        ``max_input_tokens`` caps the context a turn may start from."""
+        ``max_input_tokens`` caps the context a turn may start from. ``policy_version`` reads
+        the version the backend serves now; it is read as each turn starts and ends, so a turn
+        generated across a weight update says so."""
         self.tokenizer = tokenizer
         self.backend = backend
         self.sampling, self.unsupported_params = for_protocol(sampling_params, getattr(backend, "protocol", "vllm"))
@@ -36,6 +40,7 @@ class TokenSession:
         self.sampling["max_tokens"] = min(caps) if caps else default_max_tokens
         self.max_model_len = max_model_len
         self.max_input_tokens = max_input_tokens
+        self._policy_version = policy_version or (lambda: None)
         self.tools: list[dict] | None = None
         self.prompt_ids: list[int] = []
         self.response_ids: list[int] = []
@@ -75,11 +80,17 @@ class TokenSession:
         if params["max_tokens"] <= 0:
             raise ContextExhausted(self._exhausted())
         context = self.prompt_ids + self.response_ids
+        version_before = self._policy_version()
         completion = await self.backend.complete(context, params)
+        version_after = self._policy_version()
         self._check_lengths(completion)
         start = self._total
-        self.turns.append({"context_len": len(context), "output_start": len(self.response_ids),
-                           "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason})
+        turn = {"context_len": len(context), "output_start": len(self.response_ids),
+                "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason,
+                "policy_version": version_after}
+        if version_before != version_after:  # weights changed while this turn was generated
+            turn.update(spans_update=True, policy_version_start=version_before)
+        self.turns.append(turn)
         self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
         self._open_turn = not completion.token_ids or completion.token_ids[-1] != self.tokenizer.eot_id
         text = self.tokenizer.decode(completion.token_ids)
@@ -140,9 +151,21 @@ class TokenSession:
         self.response_mask += [mask] * len(ids)
         self.response_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
+    @property
+    def policy_versions(self) -> list[int]:
+        """Every policy version that produced a token of this trajectory, oldest first."""
+        seen = {t["policy_version"] for t in self.turns} | \
+            {t["policy_version_start"] for t in self.turns if "policy_version_start" in t}
+        return sorted(v for v in seen if v is not None)
+
     def trajectory(self) -> dict[str, Any]:
         """The token-level record returned to the trainer."""
+        versions = self.policy_versions
         return {
+            "policy_versions": versions,
+            # one version produced every model token (None: the backend's version was never set)
+            "on_policy": (len(versions) == 1 and not any(t.get("spans_update") for t in self.turns))
+            if versions else None,
             "prompt_ids": self.prompt_ids,
             "response_ids": self.response_ids,
             "response_mask": self.response_mask,

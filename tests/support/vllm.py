@@ -91,7 +91,14 @@ class VLLMServer:
         return values
 
     def running(self) -> float:
+        """The ``vllm:num_requests_running`` gauge. vLLM updates it on engine steps only, so an
+        idle server may still show the last busy step's value: wait on :meth:`generated` to
+        know a request is really running."""
         return self.metrics()["num_requests_running"]
+
+    def generated(self) -> float:
+        """``vllm:generation_tokens_total``: tokens generated so far (a counter, never stale)."""
+        return self.metrics()["generation_tokens_total"]
 
     def finished(self) -> float:
         """Requests vLLM finished for any reason (stop, length, abort, ...)."""
