@@ -30,11 +30,15 @@ LOGPROB_TOLERANCE = 2e-3
 
 
 def say(request, line: str) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"[vllm] {line}")
-    else:
+    """A measured figure, on the terminal even while pytest captures output."""
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is None or capture is None:
         print(f"[vllm] {line}")
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.ensure_newline()
+        reporter.write_line(f"[vllm] {line}")
 
 
 @pytest.fixture(scope="module")
