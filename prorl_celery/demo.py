@@ -10,12 +10,16 @@ from tqdm import tqdm
 from handlers.math import load_samples
 
 
-def run_demo(gateway_url: str, jobs: int, max_tokens: int = 48) -> str:
+def run_demo(gateway_url: str, jobs: int, max_tokens: int = 48, tools: bool = False,
+             temperature: float = 1.0) -> str:
+    """``tools``: the python tool in a sandbox and three turns (what the model that
+    ``--llm vllm`` serves was tuned to use: a tool call, then the boxed answer)."""
     problems = load_samples("math")[:jobs]
+    extra = {"tools": ["python"], "max_iterations": 3} if tools else {"max_iterations": 2}
     with httpx.Client(base_url=gateway_url, timeout=600) as client:
         def rollout(problem: dict) -> dict:
-            body = {"instance": {"data_source": "math", **problem, "max_iterations": 2},
-                    "sampling_params": {"temperature": 1.0, "max_tokens": max_tokens, "seed": 7}}
+            body = {"instance": {"data_source": "math", **problem, **extra},
+                    "sampling_params": {"temperature": temperature, "max_tokens": max_tokens, "seed": 7}}
             response = client.post("/process", json=body)
             response.raise_for_status()
             return response.json()

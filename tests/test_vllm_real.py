@@ -21,7 +21,9 @@ import pytest
 
 from prorl_celery.devmodels import SFT_PROBLEMS, ensure_vllm_model, sft_instances
 from tests.conftest import eventually
-from tests.support.vllm import VLLMServer, require_vllm_python
+from tests.support.vllm import VLLMServer, require_vllm_python, skip_unless_vllm
+
+pytestmark = skip_unless_vllm()
 
 #: server A's context length: well below the service's (PRORL_MAX_MODEL_LEN, 32768 by default)
 MAX_MODEL_LEN = 1536
@@ -48,8 +50,9 @@ def vllm_model():
 
 
 @pytest.fixture(scope="module")
-def vllm_servers(vllm_model, tmp_path_factory, request):
+def vllm_servers(tmp_path_factory, request):
     python = require_vllm_python()
+    vllm_model = request.getfixturevalue("vllm_model")
     log_dir = tmp_path_factory.mktemp("vllm")
     last_cpu = str(max(os.sched_getaffinity(0)))
     started = time.monotonic()

@@ -25,6 +25,13 @@ def vllm_required() -> bool:
                for name in ("CI", "PRORL_REQUIRE_VLLM"))
 
 
+def skip_unless_vllm() -> pytest.MarkDecorator:
+    """A module's ``pytestmark``: skip at once (no cluster started) when no vLLM venv exists
+    and none is required; when one is required, :func:`require_vllm_python` fails the tests."""
+    python, why = find_vllm_python()
+    return pytest.mark.skipif(python is None and not vllm_required(), reason=why)
+
+
 def require_vllm_python() -> str:
     """The vLLM venv's python; skip (locally) or fail (CI) without a working one."""
     python, why = find_vllm_python()
