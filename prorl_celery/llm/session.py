@@ -51,6 +51,10 @@ class TokenSession:
         #: per message, its [start, end) in prompt_ids + response_ids: each token in exactly one
         self._spans: list[tuple[int, int]] = []
         self._open_turn = False  # the last model turn ended without the end-of-turn token
+        #: earlier segments (``new_segment``), each a record of its own ids, mask and logprobs
+        self.archived_segments: list[dict[str, Any]] = []
+        #: why each segment after the first was started (which turn, why)
+        self.drift_events: list[dict[str, Any]] = []
 
     async def fit_backend_context(self) -> None:
         """Shrink the context length to the backend's own when it reports a smaller one, so a
@@ -90,6 +94,8 @@ class TokenSession:
                 "policy_version": version_after}
         if version_before != version_after:  # weights changed while this turn was generated
             turn.update(spans_update=True, policy_version_start=version_before)
+        if self.archived_segments:
+            turn["segment"] = len(self.archived_segments)
         self.turns.append(turn)
         self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
         self._open_turn = not completion.token_ids or completion.token_ids[-1] != self.tokenizer.eot_id
@@ -140,6 +146,85 @@ class TokenSession:
             return f"the context ({used} tokens) is over max_input_tokens {self.max_input_tokens} after {self.num_turns} turns"
         return f"context length {self.max_model_len} reached after {self.num_turns} turns"
 
+    # -- segments and raw-id conversations (the per-job OpenAI-compatible endpoint) ------------
+
+    def add_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Append several observation messages at once, as the template's one suffix after the
+        last model turn (templates that merge consecutive tool messages into one turn get the
+        ids they would render). One message is exactly ``add_message``."""
+        if not self._messages:
+            raise RuntimeError("start() the conversation before add_messages()")
+        from .segments import suffix_ids
+        messages = [dict(m) for m in messages]
+        start = self._total
+        if self._open_turn:
+            self._append(self.tokenizer.encode(self.tokenizer.eot_token), mask=0)
+            self._open_turn = False
+        ids, ends = suffix_ids(self.tokenizer, messages, self.tools)
+        base = self._total
+        self._append(ids, mask=0)
+        for message, end in zip(messages, ends):
+            self._messages.append(message)
+            self._spans.append((start, base + end))
+            start = base + end
+
+    def start_ids(self, prompt_ids: list[int], text: str) -> None:
+        """Begin a conversation from raw prompt ids (``/v1/completions``): one ``prompt`` message."""
+        if self._messages:
+            raise RuntimeError("the conversation has already started")
+        self.prompt_ids = list(prompt_ids)
+        self._messages = [{"role": "prompt", "content": text}]
+        self._spans.append((0, len(self.prompt_ids)))
+
+    def add_ids(self, ids: list[int], text: str) -> None:
+        """Append raw observation ids (mask 0) after a model turn, as one ``prompt`` message."""
+        if not self._messages:
+            raise RuntimeError("start_ids() the conversation before add_ids()")
+        start = self._total
+        self._append(list(ids), mask=0)
+        self._open_turn = False
+        self._messages.append({"role": "prompt", "content": text})
+        self._spans.append((start, self._total))
+
+    @property
+    def started(self) -> bool:
+        return bool(self._messages)
+
+    @property
+    def context_ids(self) -> list[int]:
+        """What the backend receives for the next turn of this segment."""
+        return self.prompt_ids + self.response_ids
+
+    def segment_record(self) -> dict[str, Any]:
+        """The current segment: its own ids, mask, logprobs, messages and turns."""
+        index = len(self.archived_segments)
+        return {"prompt_ids": list(self.prompt_ids), "response_ids": list(self.response_ids),
+                "response_mask": list(self.response_mask), "response_logprobs": list(self.response_logprobs),
+                "messages": self.messages, "message_spans": [list(span) for span in self._spans],
+                "tools": self.tools,
+                "turns": [t for t in self.turns if t.get("segment", 0) == index]}
+
+    def new_segment(self, drift: dict[str, Any]) -> None:
+        """Archive the current segment and start an empty one (``start``/``start_ids`` it next);
+        ``drift`` says which turn and why, and is recorded as a drift event."""
+        self.archived_segments.append(self.segment_record())
+        self.drift_events.append({"segment": len(self.archived_segments), **drift})
+        self.prompt_ids, self.response_ids, self.response_mask, self.response_logprobs = [], [], [], []
+        self._messages, self._spans, self._open_turn, self.tools = [], [], False, None
+
+    @property
+    def segments(self) -> list[dict[str, Any]]:
+        return [*self.archived_segments, self.segment_record()]
+
+    def segmented_trajectory(self) -> dict[str, Any]:
+        """``trajectory()`` (its top-level ids are the last segment's) with ``segments`` and
+        ``drift_events``, for a conversation that may have been split."""
+        record = self.trajectory()
+        record["segments"] = self.segments
+        record["drift_events"] = list(self.drift_events)
+        record["drifted_tokens"] = sum(int(e.get("drifted_tokens", 0)) for e in self.drift_events)
+        return record
+
     # -- trajectory ----------------------------------------------------------------------------
 
     @property
@@ -178,4 +263,7 @@ class TokenSession:
             "backend": getattr(self.backend, "address", None),
             "tokenizer": self.tokenizer.name,
             "logprobs_mode": "raw",
+            **({"segments": self.segments, "drift_events": list(self.drift_events),
+                "drifted_tokens": sum(int(e.get("drifted_tokens", 0)) for e in self.drift_events)}
+               if self.archived_segments else {}),
         }

@@ -1,0 +1,504 @@
+"""The per-job OpenAI-compatible endpoint: an agent program's LLM, token-exact underneath.
+
+Served by the RUN worker process that runs the job, on the job's own event loop, attached to
+the job's :class:`~prorl_celery.llm.session.TokenSession` (no state crosses processes). It
+listens on a Unix socket in the sandbox's socket directory (``/run/toolserver/llm.sock``
+inside), and a forwarder inside the sandbox (:mod:`singularity.toolserver.agentrun`) makes it
+``http://127.0.0.1:<port>/v1`` for any program.
+
+=======  =========================  ======================================================
+method   path                       what
+=======  =========================  ======================================================
+POST     /v1/chat/completions       messages (+ tools) -> one model turn; ``stream: true``,
+                                    ``logprobs``/``top_logprobs``, ``return_token_ids``
+POST     /v1/completions            prompt text (or ids) -> one model turn; ``stream`` too
+GET      /v1/models                 the served model name and context length
+GET      /_prorl/control            long poll: answers when the job wants the program to end
+=======  =========================  ======================================================
+
+Every request needs the job's key (``Authorization: Bearer <key>``, or ``api-key``); any other
+is a 401. History is matched against what was served (:mod:`.segments`): matched turns keep
+their exact ids, new messages are the template's suffix, and anything else starts a new segment
+with a drift event. Limits: ``max_calls`` counts calls; the job's time budget and context
+length bound them; when the endpoint closes (the job's RUN ended or it was cancelled) the call
+in flight is aborted at once (its backend request is cancelled) and every later call is refused.
+
+Refusals use status codes that OpenAI clients do not retry: 400 ``context_length_exceeded``;
+403 for ``max_iterations``, ``time_budget`` and ``job_ended``; 401 for a wrong key.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import BackendError
+from .segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
+from .session import ContextExhausted, TokenSession
+
+log = logging.getLogger(__name__)
+
+#: request keys an agent may send that the endpoint obeys (the job's sampling params rule the rest)
+OBEYED = {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "logprobs", "top_logprobs",
+          "max_tokens", "max_completion_tokens", "n", "prompt", "return_token_ids", "echo"}
+MAX_BODY_BYTES = 64 * 2**20
+
+
+class EndpointRefused(Exception):
+    """A call the endpoint answers with an OpenAI-shaped error."""
+
+    def __init__(self, status: int, code: str, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.kind = status, code, message, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": None}}
+
+
+class AgentEndpoint:
+    """The endpoint's logic, independent of HTTP (tests drive it directly too)."""
+
+    def __init__(self, session: TokenSession, *, key: str, model: str = "policy",
+                 max_calls: int | None = None, time_left: Callable[[], float | None] | None = None) -> None:
+        self.session, self.key, self.model = session, key, model
+        self.max_calls = max_calls
+        self.time_left = time_left or (lambda: None)
+        self.matcher = ChatMatcher(session.tokenizer)
+        self.calls = 0
+        self.refused: dict[str, int] = {}
+        self.ignored_params: set[str] = set()
+        self.call_log: list[dict[str, Any]] = []
+        self.closed: str | None = None
+        self.stop_reason: str | None = None
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._inflight: set[asyncio.Task] = set()
+
+    # -- auth, limits, life cycle -------------------------------------------------------------
+
+    def authorized(self, headers: Any) -> bool:
+        given = headers.get("authorization", "")
+        token = given[7:].strip() if given.lower().startswith("bearer ") else headers.get("api-key", "")
+        return bool(token) and hmac.compare_digest(token.encode(), self.key.encode())
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the agent program to end (the in-sandbox runner long-polls ``/_prorl/control``)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stop.set()
+
+    async def wait_stop(self) -> str:
+        await self._stop.wait()
+        return self.stop_reason or "stop"
+
+    def close(self, reason: str = "the job's RUN stage ended") -> None:
+        """Refuse every later call and abort the one in flight (its backend request is cancelled)."""
+        if self.closed is None:
+            self.closed = reason
+        for task in list(self._inflight):
+            task.cancel()
+        self.request_stop(reason)
+
+    def _admit(self) -> None:
+        if self.closed is not None:
+            raise self._refuse(403, "job_ended", f"this job's endpoint is closed: {self.closed}")
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            self.request_stop("max_iterations")
+            raise self._refuse(403, "max_iterations", f"the job allows {self.max_calls} LLM calls (max_iterations)")
+        left = self.time_left()
+        if left is not None and left <= 0:
+            self.request_stop("time_budget")
+            raise self._refuse(403, "time_budget", "the job's time budget is spent")
+
+    def _refuse(self, status: int, code: str, message: str) -> EndpointRefused:
+        self.refused[code] = self.refused.get(code, 0) + 1
+        return EndpointRefused(status, code, message, "permission_denied" if status == 403 else "invalid_request_error")
+
+    def summary(self) -> dict[str, Any]:
+        """What the job's result records about the endpoint."""
+        events = self.session.drift_events
+        return {"calls": self.calls, "segments": len(self.session.archived_segments) + 1,
+                "drift_events": list(events),
+                "drifted_tokens": sum(int(e.get("drifted_tokens", 0)) for e in events),
+                "refused": dict(self.refused), "ignored_request_params": sorted(self.ignored_params),
+                "calls_log": self.call_log, "stop_reason": self.stop_reason}
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def _overrides(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.ignored_params |= {k for k in body if k not in OBEYED}
+        if body.get("n", 1) not in (1, None):
+            raise EndpointRequestError("n must be 1")
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        if cap is None:
+            return {}
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
+            raise EndpointRequestError("max_tokens must be a positive integer")
+        return {"max_tokens": min(int(self.session.sampling["max_tokens"]), cap)}
+
+    async def _generate(self, overrides: dict[str, Any]):
+        task = asyncio.ensure_future(self.session.generate(**overrides))
+        self._inflight.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self.closed is not None and task.cancelled():
+                raise self._refuse(403, "job_ended", f"the call was aborted: {self.closed}") from None
+            raise
+        except ContextExhausted as error:
+            self.request_stop("context")
+            raise self._refuse(400, "context_length_exceeded", str(error)) from None
+        except BackendError as error:
+            raise EndpointRefused(502, "backend_error", str(error), "server_error") from None
+        finally:
+            self._inflight.discard(task)
+
+    def _new_segment(self, drift: dict[str, Any], start: Callable[[], None]) -> None:
+        session = self.session
+        previous = session.context_ids
+        session.new_segment({**drift, "call": self.calls})
+        start()
+        kept = common_prefix(previous, session.prompt_ids)
+        session.drift_events[-1].update(kept_tokens=kept, drifted_tokens=len(previous) - kept)
+        log.info("endpoint drift at call %d: %s", self.calls, drift.get("reason"))
+
+    async def chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], Reply, Any]:
+        """One ``/v1/chat/completions`` call; returns (response, reply, generation)."""
+        self._admit()
+        raw_messages = body.get("messages")
+        if not isinstance(raw_messages, list):
+            raise EndpointRequestError("messages must be a list")
+        parsed = [Message.parse(m, i) for i, m in enumerate(raw_messages)]
+        tools = body.get("tools") or None
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise EndpointRequestError("tools must be a list of objects")
+        if body.get("tool_choice") == "none":
+            tools_for_parse = False
+        else:
+            tools_for_parse = bool(tools)
+        overrides = self._overrides(body)
+        async with self._lock:
+            self._admit()
+            self.calls += 1
+            started = time.monotonic()
+            session = self.session
+            plan: Plan = self.matcher.plan(parsed, tools, session.context_ids, session._spans)
+            if plan.action == "start":
+                session.start(plan.messages, tools)
+            elif plan.action == "extend":
+                if plan.messages:
+                    session.add_messages(plan.messages)
+            else:
+                self._new_segment(plan.drift or {}, lambda: session.start(plan.messages, tools))
+            self.matcher.observed(plan, parsed, tools)
+            context = len(session.context_ids)
+            generation = await self._generate(overrides)
+            reply = Reply.parse(generation.text, tools_given=tools_for_parse, finish=generation.finish_reason)
+            self.matcher.replied(reply)
+            self.call_log.append({"call": self.calls, "kind": "chat", "action": plan.action,
+                                  "segment": len(session.archived_segments), "prompt_tokens": context,
+                                  "completion_tokens": len(generation.token_ids),
+                                  "seconds": round(time.monotonic() - started, 4)})
+        return self._chat_response(body, reply, generation, context, session.context_ids), reply, generation
+
+    async def completion(self, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """One ``/v1/completions`` call on text (or ids); returns (response, generation)."""
+        self._admit()
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        ids: list[int] | None = None
+        text: str | None = None
+        if isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise EndpointRequestError("prompt must be one string or one list of token ids")
+        overrides = self._overrides(body)
+        tok = self.session.tokenizer
+        async with self._lock:
+            self._admit()
+            self.calls += 1
+            started = time.monotonic()
+            session = self.session
+            kind = self.matcher.kind
+            action = "extend"
+            if kind is None:
+                action = "start"
+                first = ids if ids is not None else _encode_prompt(tok, text or "")
+                session.start_ids(first, text if text is not None else tok.decode(first, False))
+            else:
+                held = session.context_ids
+                suffix: list[int] | None = None
+                why = "the agent switched from /v1/chat/completions to /v1/completions"
+                if kind == "completion":
+                    why = "the prompt does not extend the text already served (history rewritten)"
+                    if ids is not None:
+                        if len(ids) > len(held) and ids[:len(held)] == held:
+                            suffix = ids[len(held):]
+                    else:
+                        served = tok.decode(held, False)
+                        if text is not None and len(text) > len(served) and text.startswith(served):
+                            suffix = tok.encode(text[len(served):])
+                if suffix is not None:
+                    session.add_ids(suffix, tok.decode(suffix, False))
+                else:
+                    action = "new_segment"
+                    first = ids if ids is not None else _encode_prompt(tok, text or "")
+                    index = common_prefix(held, first)
+                    self._new_segment({"message": None, "token": index, "reason": why},
+                                      lambda: session.start_ids(first, text if text is not None else tok.decode(first, False)))
+                    self.matcher.reset()
+            self.matcher.kind = "completion"
+            context = len(session.context_ids)
+            generation = await self._generate(overrides)
+            self.call_log.append({"call": self.calls, "kind": "completion", "action": action,
+                                  "segment": len(session.archived_segments), "prompt_tokens": context,
+                                  "completion_tokens": len(generation.token_ids),
+                                  "seconds": round(time.monotonic() - started, 4)})
+        return self._completion_response(body, generation, context, session.context_ids), generation
+
+    # -- responses ------------------------------------------------------------------------------
+
+    def _token_entries(self, ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+        tok = self.session.tokenizer
+        entries = []
+        for token_id, logprob in zip(ids, logprobs):
+            text = tok.decode([token_id], False)
+            entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")),
+                            "top_logprobs": [{"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}]})
+        return entries
+
+    def _chat_response(self, body: dict[str, Any], reply: Reply, generation: Any, prompt_tokens: int,
+                       context: list[int]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.openai_tool_calls()
+        if reply.reasoning is not None:
+            message["reasoning_content"] = reply.reasoning
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason,
+                                  "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": self._token_entries(generation.token_ids, generation.logprobs)}
+        response = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                    "model": self.model, "choices": [choice], "usage": _usage(prompt_tokens, generation)}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = list(generation.token_ids)
+            response["prompt_token_ids"] = context[:prompt_tokens]
+        return response
+
+    def _completion_response(self, body: dict[str, Any], generation: Any, prompt_tokens: int,
+                             context: list[int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": generation.text, "logprobs": None,
+                                  "finish_reason": "length" if generation.finish_reason == "length" else "stop"}
+        if body.get("logprobs") is not None and body.get("logprobs") is not False:
+            entries = self._token_entries(generation.token_ids, generation.logprobs)
+            offsets, at = [], 0
+            for entry in entries:
+                offsets.append(at)
+                at += len(entry["token"])
+            choice["logprobs"] = {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                                  "top_logprobs": [{e["token"]: e["logprob"]} for e in entries], "text_offset": offsets}
+        response = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                    "model": self.model, "choices": [choice], "usage": _usage(prompt_tokens, generation)}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = list(generation.token_ids)
+            response["prompt_token_ids"] = context[:prompt_tokens]
+        return response
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
+                                            "owned_by": "prorl", "max_model_len": self.session.max_model_len}]}
+
+
+def _usage(prompt_tokens: int, generation: Any) -> dict[str, int]:
+    completion = len(generation.token_ids)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def _encode_prompt(tok: Any, text: str) -> list[int]:
+    """A completions prompt as vLLM encodes it (the tokenizer's special tokens added)."""
+    with tok._lock:
+        return list(tok.hf.encode(text))
+
+
+# -- streaming ----------------------------------------------------------------------------------------
+
+def chat_chunks(response: dict[str, Any], reply: Reply, include_usage: bool) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of one finished turn."""
+    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+            "model": response["model"]}
+    choice = response["choices"][0]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    if reply.reasoning is not None:
+        chunks.append(chunk({"reasoning_content": reply.reasoning}))
+    if reply.content:
+        extra = {"logprobs": choice["logprobs"]} if choice.get("logprobs") else {}
+        chunks.append(chunk({"content": reply.content}, **extra))
+    for index, call in enumerate(reply.openai_tool_calls()):
+        chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))
+    final = chunk({}, reply.finish_reason)
+    if "token_ids" in choice:
+        final["choices"][0]["token_ids"] = choice["token_ids"]
+    chunks.append(final)
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": response["usage"]})
+    return chunks
+
+
+def completion_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    base = {"id": response["id"], "object": "text_completion", "created": response["created"],
+            "model": response["model"]}
+    choice = response["choices"][0]
+    chunks = [{**base, "choices": [{"index": 0, "text": choice["text"], "logprobs": choice["logprobs"],
+                                    "finish_reason": None}]},
+              {**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": response["usage"]})
+    return chunks
+
+
+# -- HTTP ---------------------------------------------------------------------------------------------
+
+def create_app(endpoint: AgentEndpoint) -> Any:
+    """The Starlette app of one job's endpoint."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def error(refusal: EndpointRefused) -> JSONResponse:
+        return JSONResponse(refusal.body(), status_code=refusal.status)
+
+    def unauthorized() -> JSONResponse:
+        return error(EndpointRefused(401, "invalid_api_key", "a valid key for this job's endpoint is required",
+                                     "authentication_error"))
+
+    async def read(request: Request) -> dict[str, Any]:
+        data = await request.body()
+        if len(data) > MAX_BODY_BYTES:
+            raise EndpointRequestError(f"the request body is over {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(data or b"{}")
+        except ValueError as problem:
+            raise EndpointRequestError(f"the body is not JSON: {problem}") from None
+        if not isinstance(body, dict):
+            raise EndpointRequestError("the body must be a JSON object")
+        return body
+
+    def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            for item in chunks:
+                yield f"data: {json.dumps(item)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
+
+    async def call(request: Request, kind: str) -> Any:
+        if not endpoint.authorized(request.headers):
+            return unauthorized()
+        try:
+            body = await read(request)
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            if kind == "chat":
+                response, reply, _ = await endpoint.chat(body)
+                if body.get("stream"):
+                    return sse(chat_chunks(response, reply, include_usage))
+            else:
+                response, _ = await endpoint.completion(body)
+                if body.get("stream"):
+                    return sse(completion_chunks(response, include_usage))
+            return JSONResponse(response)
+        except EndpointRefused as refusal:
+            return error(refusal)
+        except (EndpointRequestError, ValueError) as problem:
+            return error(EndpointRefused(400, "invalid_request", str(problem)))
+
+    async def chat(request: Request) -> Any:
+        return await call(request, "chat")
+
+    async def completions(request: Request) -> Any:
+        return await call(request, "completion")
+
+    async def models(request: Request) -> Any:
+        if not endpoint.authorized(request.headers):
+            return unauthorized()
+        return JSONResponse(endpoint.models())
+
+    async def control(request: Request) -> Any:
+        if not endpoint.authorized(request.headers):
+            return unauthorized()
+        return JSONResponse({"stop": await endpoint.wait_stop()})
+
+    async def not_found(request: Request) -> Any:
+        if not endpoint.authorized(request.headers):
+            return unauthorized()
+        return error(EndpointRefused(404, "not_found", f"no route {request.url.path}"))
+
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/_prorl/control", control, methods=["GET"]),
+              Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
+    return Starlette(routes=routes)
+
+
+class EndpointServer:
+    """Serve ``endpoint`` on a Unix socket for the duration of an ``async with`` block.
+
+    On exit the endpoint is closed first (the call in flight is aborted, later ones refused),
+    then the server stops and the socket is removed."""
+
+    def __init__(self, endpoint: AgentEndpoint, socket_path: str | os.PathLike) -> None:
+        self.endpoint, self.socket_path = endpoint, Path(socket_path)
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> EndpointServer:
+        import uvicorn
+        config = uvicorn.Config(create_app(self.endpoint), uds=str(self.socket_path), log_config=None,
+                                log_level="warning", access_log=False, lifespan="off", ws="none",
+                                timeout_graceful_shutdown=2, timeout_keep_alive=600)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.ensure_future(self._server.serve())
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the endpoint server stopped while starting")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the endpoint server did not start on {self.socket_path}")
+            await asyncio.sleep(0.005)
+        os.chmod(self.socket_path, 0o666)  # the sandbox's uid connects; the key guards it
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self, reason: str = "the job's RUN stage ended") -> None:
+        self.endpoint.close(reason)
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 5)
+            except (TimeoutError, asyncio.TimeoutError):
+                self._server.force_exit = True
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(self._task, 3)
+            except BaseException:  # noqa: BLE001 - the job must still end
+                log.exception("the endpoint server failed")
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
