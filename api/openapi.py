@@ -5,7 +5,7 @@ from functools import lru_cache
 from typing import Any
 
 from .auth import ADMIN, OPEN
-from .schemas import AddServerRequest, CancelRequest, ProcessRequest
+from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
 
 _JSON = "application/json"
 
@@ -39,7 +39,7 @@ def _security(path: str) -> list[dict[str, list[str]]]:
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
-    for model in (ProcessRequest, CancelRequest, AddServerRequest):
+    for model in (ProcessRequest, CancelRequest, AddServerRequest, SetVersionRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -48,7 +48,12 @@ def openapi_document() -> dict[str, Any]:
     get = lambda summary: {"get": {"summary": summary, "responses": {"200": _reply(summary)}}}  # noqa: E731
     paths = {
         "/process": post("run a job and wait for its result", "ProcessRequest", "final result"),
-        "/jobs": post("submit a job (202 with job_id)", "ProcessRequest", "accepted"),
+        "/jobs": {"post": {"summary": "submit a job, a group (num_samples) or an array of them (202)",
+                           "requestBody": {"required": True, "content": {_JSON: {"schema": {"oneOf": [
+                               {"$ref": "#/components/schemas/ProcessRequest"},
+                               {"type": "array", "items": {"$ref": "#/components/schemas/ProcessRequest"}}]}}}},
+                           "responses": {"202": _reply("accepted: {job_id, status, created}, or {group_id?, jobs}"),
+                                         **ERRORS}}},
         "/jobs/{job_id}": {"get": {"summary": "a job's result, or 202 with its stage",
                                    "parameters": [{"name": "job_id", "in": "path", "required": True,
                                                    "schema": {"type": "string"}},
@@ -59,6 +64,8 @@ def openapi_document() -> dict[str, Any]:
         "/add_llm_server": post("register an LLM backend", "AddServerRequest", "registered"),
         "/clear_llm_server": {"post": {"summary": "forget every backend", "responses": {"200": _reply("generation")}}},
         "/llm_servers": get("registered backends"),
+        "/llm_servers/version": post("set the policy version a backend (default: every one) serves",
+                                     "SetVersionRequest", "the backends set"),
         "/start": {"post": {"summary": "accept jobs", "responses": {"200": _reply("state")}}},
         "/stop": {"post": {"summary": "refuse new jobs and cancel in-flight ones", "responses": {"200": _reply("state")}}},
         "/status": get("service status"),

@@ -2,23 +2,24 @@
 from __future__ import annotations
 
 import ipaddress
-import uuid
 from typing import Any
 
 from flask import Blueprint, jsonify, request
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
-from handlers import UnknownTaskError, get_handler
-from prorl_celery.celery_app import enqueue
-from prorl_celery.errors import BadRequest, Forbidden, ServiceStopped, UnknownTask
+from prorl_celery import job_intake
+from prorl_celery.errors import BadRequest, Forbidden
+from prorl_celery.job_intake import JobSpec
 from prorl_celery.results import build_result, pending_result
-from prorl_celery.sampling import UnresolvedTokenizer, resolve_tokenizer, split as split_sampling
 from prorl_celery.services import get_services
-from prorl_celery.status import JobStatus, Stage
+from prorl_celery.status import JobStatus
 
 from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
 
 bp = Blueprint("jobs", __name__)
+#: most job requests one POST /jobs may carry (each may be a group of num_samples)
+MAX_BATCH = 10_000
+BATCH = TypeAdapter(list[ProcessRequest])
 
 
 def parse(model: type[BaseModel]) -> Any:
@@ -40,51 +41,19 @@ def refuse_truncated_stream() -> None:
         request.stream.read(1)
 
 
-def submit(body: ProcessRequest) -> tuple[str, bool]:
-    """Validate the instance with its handler, create the job once and enqueue INIT."""
-    services = get_services()
-    settings = services.settings
-    try:
-        handler = get_handler(body.task_name)
-    except UnknownTaskError as error:
-        raise UnknownTask(str(error.args[0])) from None
-    params = split_sampling(body.sampling_params.to_job())
-    instance = body.instance
-    if "max_iterations" in params.agent and "max_iterations" not in instance:
-        instance = {**instance, "max_iterations": params.agent["max_iterations"]}  # the instance's wins
-    try:
-        handler.validate_instance(instance)
-    except ValueError as error:
-        raise BadRequest(f"instance: {error}") from None
-    ignored = list(params.ignored)
-    try:
-        tokenizer = resolve_tokenizer(params.agent, None, settings.tokenizers_dir)
-    except UnresolvedTokenizer as error:
-        # without a directory of tokenizers a v1 trainer's model name (custom_tokenizer) cannot
-        # be resolved: the service's own tokenizer serves, and the result says the key was ignored
-        if settings.tokenizers_dir or not settings.tokenizer:
-            raise BadRequest(str(error)) from None
-        tokenizer, ignored = None, sorted([*ignored, "custom_tokenizer"])
-    if handler.uses_llm and not (tokenizer or settings.tokenizer):
-        raise BadRequest("sampling_params.tokenizer: required when PRORL_TOKENIZER is not set")
-    # a job without its own tokenizer uses the RUN worker's PRORL_TOKENIZER (paths differ per node)
-    agent = {**params.agent, "tokenizer": tokenizer} if tokenizer else dict(params.agent)
-    budget = body.timeout_s or settings.job_timeout_s
-    if budget > settings.max_job_timeout_s:
-        raise BadRequest(f"timeout_s: at most {settings.max_job_timeout_s} (PRORL_MAX_JOB_TIMEOUT_S)")
-    job_id = body.job_id or uuid.uuid4().hex
-    created, _ = services.store.create(job_id, {
-        "task": handler.name or body.task_name, "instance": instance,
-        "sampling_params": params.sampler, "agent_params": agent, "ignored_params": ignored,
-        "budget_s": budget, "attempt": 1,
-        "max_attempts": body.max_attempts or settings.max_attempts})
-    if created:
-        try:
-            enqueue(Stage.INIT, job_id)
-        except Exception as error:  # broker down: do not leave the job pending forever
-            services.store.finish(job_id, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
-            raise ServiceStopped(f"the broker is unreachable: {error}") from error
-    return job_id, created
+def prepare(body: ProcessRequest) -> JobSpec:
+    return job_intake.prepare(get_services().settings, body.instance, body.sampling_params.to_job(),
+                              task=body.task_name, job_id=body.job_id, timeout_s=body.timeout_s,
+                              max_attempts=body.max_attempts)
+
+
+def expand(spec: JobSpec, num_samples: int | None) -> list[JobSpec]:
+    """One job, or ``num_samples`` of them (a group)."""
+    return job_intake.samples(spec, num_samples) if num_samples else [spec]
+
+
+def accepted(submitted: job_intake.Submitted) -> dict[str, Any]:
+    return {"job_id": submitted.job_id, "status": submitted.status.value, "created": submitted.created}
 
 
 def job_response(job_id: str, wait_s: float, *, exists: bool = False):
@@ -99,17 +68,36 @@ def job_response(job_id: str, wait_s: float, *, exists: bool = False):
 @bp.post("/process")
 def process():
     body = parse(ProcessRequest)
-    job_id, _ = submit(body)
+    if body.num_samples:
+        raise BadRequest("num_samples: /process waits for one job; submit a group with POST /jobs")
+    (submitted,) = job_intake.submit(get_services().store, [prepare(body)])
     settings = get_services().settings
     wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
-    return job_response(job_id, wait_s, exists=True)
+    return job_response(submitted.job_id, wait_s, exists=True)
 
 
 @bp.post("/jobs")
-def create_job():
-    job_id, created = submit(parse(ProcessRequest))
-    status = get_services().store.status(job_id)
-    return jsonify({"job_id": job_id, "status": status.value if status else None, "created": created}), 202
+def create_jobs():
+    """One job, a group (``num_samples``), or a JSON array of either: one round trip to Redis."""
+    body = request.get_json(silent=True)
+    refuse_truncated_stream()
+    if isinstance(body, list):
+        if not 0 < len(body) <= MAX_BATCH:
+            raise BadRequest(f"body: a batch holds 1 to {MAX_BATCH} job requests, got {len(body)}")
+        specs = []
+        for index, item in enumerate(BATCH.validate_python(body)):
+            try:
+                specs += expand(prepare(item), item.num_samples)
+            except BadRequest as error:  # say which request of the batch is wrong
+                raise type(error)(f"[{index}] {error.message}") from None
+        submitted = job_intake.submit(get_services().store, specs)
+        return jsonify({"jobs": [accepted(s) for s in submitted]}), 202
+    single = parse(ProcessRequest)
+    spec = prepare(single)
+    submitted = job_intake.submit(get_services().store, expand(spec, single.num_samples))
+    if single.num_samples:
+        return jsonify({"group_id": spec.job_id, "jobs": [accepted(s) for s in submitted]}), 202
+    return jsonify(accepted(submitted[0])), 202
 
 
 @bp.get("/jobs/<job_id>")

@@ -48,6 +48,8 @@ class ProcessRequest(BaseModel):
     timeout_s: float | None = Field(None, gt=0, description="active-time budget; default PRORL_JOB_TIMEOUT_S")
     max_attempts: int | None = Field(None, ge=1, le=10,
                                      description="retries from INIT after a lost worker; default PRORL_MAX_ATTEMPTS")
+    num_samples: int | None = Field(None, ge=1, le=4096,
+                                    description="POST /jobs: this many rollouts of the instance (a group)")
 
     @model_validator(mode="after")
     def _task_named(self) -> "ProcessRequest":

@@ -235,9 +235,30 @@ class AsyncRolloutClient:
             response = await self.request("POST", "/jobs", json=request.body())
         return response.json()["job_id"]
 
-    async def submit_many(self, requests: Iterable[JobRequest]) -> list[str]:
-        """Create every job (``submit_concurrency`` at a time); ids in the order given."""
-        return list(await asyncio.gather(*(self.submit_request(r) for r in requests)))
+    async def submit_many(self, requests: Iterable[JobRequest], *, batch_size: int = 500) -> list[str]:
+        """Create every job, ``batch_size`` per ``POST /jobs`` (one Redis round trip each, batches
+        ``submit_concurrency`` at a time); ids in the order given. A rejected request rejects its
+        batch (the error names its index there); ids are fixed, so a retried batch is a no-op for
+        the jobs that exist already."""
+        requests = list(requests)
+        chunks = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
+        return [job_id for ids in await asyncio.gather(*(self._submit_batch(c) for c in chunks)) for job_id in ids]
+
+    async def _submit_batch(self, requests: list[JobRequest]) -> list[str]:
+        async with self._submit_slots:
+            response = await self.request("POST", "/jobs", json=[r.body() for r in requests])
+        return [job["job_id"] for job in response.json()["jobs"]]
+
+    async def submit_group(self, instance: dict[str, Any], num_samples: int, *,
+                           sampling_params: dict[str, Any] | None = None, group_id: str | None = None,
+                           task: str | None = None, timeout_s: float | None = None) -> list[str]:
+        """``num_samples`` rollouts of one instance (a GRPO group) in one request: ids
+        ``<group_id>-<i>``, each instance's ``trajectory_id`` set to ``i``."""
+        body = {**JobRequest(instance, sampling_params or {}, group_id or new_job_id(), task, timeout_s).body(),
+                "num_samples": num_samples}
+        async with self._submit_slots:
+            response = await self.request("POST", "/jobs", json=body)
+        return [job["job_id"] for job in response.json()["jobs"]]
 
     async def poll(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """The result (``status`` terminal) or the pending record, after waiting up to ``wait_s``."""
@@ -359,8 +380,11 @@ class RolloutClient:
     def submit_request(self, request: JobRequest) -> str:
         return self.run(self.aio.submit_request(request))
 
-    def submit_many(self, requests: Iterable[JobRequest]) -> list[str]:
-        return self.run(self.aio.submit_many(list(requests)))
+    def submit_many(self, requests: Iterable[JobRequest], batch_size: int = 500) -> list[str]:
+        return self.run(self.aio.submit_many(list(requests), batch_size=batch_size))
+
+    def submit_group(self, instance: dict[str, Any], num_samples: int, **fields: Any) -> list[str]:
+        return self.run(self.aio.submit_group(instance, num_samples, **fields))
 
     def poll(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         return self.run(self.aio.poll(job_id, wait_s))

@@ -219,7 +219,7 @@ class AsyncDAPOCollector:
             group.rollouts[index] = rollout
             batch.append(rollout)
         if batch:
-            outcomes = await asyncio.gather(*(self._submit(r) for r in batch), return_exceptions=True)
+            outcomes = await self._submit_all(batch)
             errors = [self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes, strict=True)]
             for error in errors:
                 if error is not None:
@@ -243,10 +243,22 @@ class AsyncDAPOCollector:
         self._pending.extend((key, i, None) for i in range(1, group.size))
         return group, 0, None
 
-    async def _submit(self, rollout: Rollout) -> str:
+    def _request(self, rollout: Rollout) -> JobRequest:
         group = self._groups[rollout.group_key]
         fields = {k: v for k, v in self.make_request(group, rollout.index).items() if v is not None}
-        return await self.client.submit_request(JobRequest(job_id=rollout.job_id, **fields))
+        return JobRequest(job_id=rollout.job_id, **fields)
+
+    async def _submit_all(self, rollouts: list[Rollout]) -> list[str | BaseException]:
+        """Every rollout in one batch request; when the gateway rejects the batch, one by one, so
+        only the rejected rollout's group is dropped."""
+        requests = [self._request(r) for r in rollouts]
+        try:
+            return list(await self.client.submit_many(requests))
+        except (BadRequest, RequestRejected):
+            return list(await asyncio.gather(*(self.client.submit_request(r) for r in requests),
+                                             return_exceptions=True))
+        except Exception as error:  # noqa: BLE001 - the gateway is unreachable: every one waits
+            return [error] * len(rollouts)
 
     def _submitted(self, rollout: Rollout, outcome: str | BaseException,
                    stats: StepStats) -> BaseException | None:

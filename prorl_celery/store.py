@@ -107,6 +107,17 @@ class JobStore:
             raise ServiceStopped("the service is stopped; POST /start to accept jobs again")
         return bool(created), JobStatus(status)
 
+    def create_many(self, jobs: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, JobStatus]]:
+        """``create`` for many jobs in one round trip; each is created (or found) on its own."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, fields in jobs:
+            self._create(keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.RECENT_JOBS, keys.SERVICE_STATE,
+                               keys.ACTIVE_JOBS], args=[job_id, RECENT_JOBS_KEPT, *_encode(fields)], client=pipe)
+        replies = pipe.execute()
+        if any(created == -1 for created, _ in replies):
+            raise ServiceStopped("the service is stopped; POST /start to accept jobs again")
+        return [(bool(created), JobStatus(status)) for created, status in replies]
+
     def load(self, job_id: str) -> dict[str, Any]:
         raw = self.redis.hgetall(keys.job(job_id))
         if not raw:

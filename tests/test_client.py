@@ -64,7 +64,7 @@ class FakeJob:
 class FakeGateway:
     """The gateway's job endpoints in memory, as an httpx transport (``/jobs``, ``/cancel``, backends).
 
-    ``faults`` is consumed one per request: an int answers with that status and a JSON error body,
+    ``faults`` is consumed one per request: None serves it, an int answers with that status and a JSON error body,
     an exception class is raised as a transport error, ``LOSE_REPLY`` serves the request and then
     fails as if the reply were lost. Hosts in ``down`` refuse every connection.
     """
@@ -72,7 +72,7 @@ class FakeGateway:
     def __init__(self, script: Script = default_script) -> None:
         self.script = script
         self.jobs: dict[str, FakeJob] = {}
-        self.faults: list[int | type[Exception] | str] = []
+        self.faults: list[int | type[Exception] | str | None] = []
         self.down: set[str] = set()
         self.requests: Counter[str] = Counter()
         self.hosts: Counter[str] = Counter()
@@ -87,6 +87,8 @@ class FakeGateway:
         self.hosts[request.url.host] += 1
         if self.faults:
             fault = self.faults.pop(0)
+            if fault is None:  # this request goes through
+                return await self.serve(request)
             if isinstance(fault, int):
                 code = {400: "bad_request", 503: "service_stopped"}.get(fault, "boom")
                 return httpx.Response(fault, json={"code": code, "message": f"scripted {fault}"})
@@ -101,6 +103,10 @@ class FakeGateway:
         self.requests[f"{request.method} {path.split('/jobs/')[0] or '/jobs/<id>'}"] += 1
         payload = json.loads(request.content) if request.content else {}
         if request.method == "POST" and path == "/jobs":
+            if isinstance(payload, list):  # a batch: each request on its own, answers in order
+                replies = [self.create(body) for body in payload]
+                bad = next((r for r in replies if r.status_code != 202), None)
+                return bad or httpx.Response(202, json={"jobs": [json.loads(r.content) for r in replies]})
             return self.create(payload)
         if request.method == "GET" and path.startswith("/jobs/"):
             return await self.get(path.removeprefix("/jobs/"), float(request.url.params.get("wait", 0)))
@@ -251,6 +257,14 @@ async def test_async_as_completed_yields_in_completion_order():
         order = [r["reward"] async for r in client.as_completed(ids)]
         assert order == [0.0, 0.1, 0.2, 0.3]
         assert [r["reward"] for r in await client.wait_all(ids)] == [0.3, 0.1, 0.2, 0.0]
+
+
+@pytest.mark.anyio
+async def test_submit_many_sends_one_request_per_batch():
+    fake = FakeGateway()
+    async with fake_client(fake) as client:
+        ids = await client.submit_many((JobRequest({"reward": 1}) for _ in range(1201)), batch_size=500)
+    assert len(set(ids)) == 1201 and fake.requests["POST /jobs"] == 3
 
 
 def test_sync_client_facade_and_backend_distribution():

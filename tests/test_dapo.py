@@ -147,7 +147,9 @@ async def test_lost_replies_and_outages_resume_by_job_id():
     fake = FakeGateway(scripted)
     kinds = itertools.cycle(["mixed", "hard"])
     dapo = collector(fake, (prompt(k, delay=0.05) for k in kinds), group_size=2, batch_groups=4, max_in_flight=4)
-    fake.faults = [LOSE_REPLY, httpx.ConnectError, 503, LOSE_REPLY, httpx.ReadError, LOSE_REPLY] * 3
+    # submissions go in batches (one request for several rollouts), so a request's own retries
+    # meet these faults in a row: a success now and then keeps them within the retry budget
+    fake.faults = [LOSE_REPLY, httpx.ConnectError, 503, None, LOSE_REPLY, httpx.ReadError, LOSE_REPLY, None] * 3
     batch = await dapo.next_batch()
     assert len(batch.groups) == 4 and not fake.faults
     await dapo.aclose()

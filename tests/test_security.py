@@ -89,7 +89,8 @@ def test_the_openapi_document_lists_every_route_and_the_auth_sets():
               if rule.endpoint != "static" and not rule.endpoint.startswith("dashboard.")
               for method in rule.methods - {"HEAD", "OPTIONS"}}
     assert routes == {(path, method) for path, method, _ in OPERATIONS}
-    assert {path for path, _ in ADMIN_OPERATIONS} == {"/start", "/stop", "/add_llm_server", "/clear_llm_server"}
+    assert {path for path, _ in ADMIN_OPERATIONS} == {"/start", "/stop", "/add_llm_server", "/clear_llm_server",
+                                                      "/llm_servers/version"}
     assert {path for path, _, security in OPERATIONS if not security} == {"/healthz", "/metrics"}
 
 
@@ -110,7 +111,8 @@ def test_every_guarded_endpoint_refuses_a_missing_token(secured, path, method):
 
 def test_admin_token_opens_the_admin_endpoints(secured):
     for path, method in sorted(ADMIN_OPERATIONS, key=lambda op: op[0] == "/start"):  # /start last
-        body = {"address": "http://127.0.0.9:8000/v1"} if path == "/add_llm_server" else None
+        body = {"/add_llm_server": {"address": "http://127.0.0.9:8000/v1"},
+                "/llm_servers/version": {"version": 1}}.get(path)
         response = call(secured, method, path, "admin-secret", json=body)
         assert response.status_code == 200, (path, response.text)
     assert call(secured, "GET", "/status", "admin-secret").json()["state"] == "started"  # /start ran last

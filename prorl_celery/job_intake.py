@@ -1,0 +1,108 @@
+"""Turning requests into jobs: validate each with its handler, create the records, enqueue INIT.
+
+The gateway parses and answers; this module decides what a job is. ``prepare`` checks one
+request (its task, instance, ``sampling_params`` split and budget) and raises ``BadRequest``
+naming the field; ``submit`` stores any number of prepared jobs in one Redis round trip and
+enqueues INIT for each one that is new.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from handlers import UnknownTaskError, get_handler
+
+from .celery_app import enqueue
+from .errors import BadRequest, ServiceStopped, UnknownTask
+from .sampling import UnresolvedTokenizer, resolve_tokenizer, split
+from .settings import Settings
+from .status import JobStatus, Stage
+from .store import JobStore
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A checked request, ready to become a job record."""
+
+    job_id: str
+    task: str
+    instance: dict[str, Any]
+    sampler: dict[str, Any]
+    agent: dict[str, Any]
+    ignored: list[str]
+    budget_s: float
+    max_attempts: int
+
+    def record(self) -> dict[str, Any]:
+        return {"task": self.task, "instance": self.instance, "sampling_params": self.sampler,
+                "agent_params": self.agent, "ignored_params": self.ignored, "budget_s": self.budget_s,
+                "attempt": 1, "max_attempts": self.max_attempts}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    created: bool
+    status: JobStatus
+
+
+def prepare(settings: Settings, instance: dict[str, Any], sampling_params: dict[str, Any], *,
+            task: str, job_id: str | None = None, timeout_s: float | None = None,
+            max_attempts: int | None = None) -> JobSpec:
+    """Check one request; BadRequest (or UnknownTask) says what is wrong."""
+    try:
+        handler = get_handler(task)
+    except UnknownTaskError as error:
+        raise UnknownTask(str(error.args[0])) from None
+    params = split(sampling_params)
+    if "max_iterations" in params.agent and "max_iterations" not in instance:
+        instance = {**instance, "max_iterations": params.agent["max_iterations"]}  # the instance's wins
+    try:
+        handler.validate_instance(instance)
+    except ValueError as error:
+        raise BadRequest(f"instance: {error}") from None
+    ignored = list(params.ignored)
+    try:
+        tokenizer = resolve_tokenizer(params.agent, None, settings.tokenizers_dir)
+    except UnresolvedTokenizer as error:
+        # without a directory of tokenizers a v1 trainer's model name (custom_tokenizer) cannot
+        # be resolved: the service's own tokenizer serves, and the result says the key was ignored
+        if settings.tokenizers_dir or not settings.tokenizer:
+            raise BadRequest(str(error)) from None
+        tokenizer, ignored = None, sorted([*ignored, "custom_tokenizer"])
+    if handler.uses_llm and not (tokenizer or settings.tokenizer):
+        raise BadRequest("sampling_params.tokenizer: required when PRORL_TOKENIZER is not set")
+    # a job without its own tokenizer uses the RUN worker's PRORL_TOKENIZER (paths differ per node)
+    agent = {**params.agent, "tokenizer": tokenizer} if tokenizer else dict(params.agent)
+    budget = timeout_s or settings.job_timeout_s
+    if budget > settings.max_job_timeout_s:
+        raise BadRequest(f"timeout_s: at most {settings.max_job_timeout_s} (PRORL_MAX_JOB_TIMEOUT_S)")
+    return JobSpec(job_id or uuid.uuid4().hex, handler.name or task, instance, params.sampler, agent, ignored,
+                   budget, max_attempts or settings.max_attempts)
+
+
+def samples(spec: JobSpec, count: int) -> list[JobSpec]:
+    """``count`` rollouts of one prompt (a GRPO group): ids ``<job_id>-<i>``, and each instance's
+    ``trajectory_id`` is ``i`` (or ``<trajectory_id>-<i>`` when the instance has one)."""
+    own = spec.instance.get("trajectory_id")
+    return [JobSpec(f"{spec.job_id}-{i}", spec.task,
+                    {**spec.instance, "trajectory_id": i if own is None else f"{own}-{i}"},
+                    spec.sampler, spec.agent, spec.ignored, spec.budget_s, spec.max_attempts)
+            for i in range(count)]
+
+
+def submit(store: JobStore, specs: list[JobSpec]) -> list[Submitted]:
+    """Create every job (one round trip) and enqueue INIT for the new ones. A broker that
+    cannot be reached fails those jobs at once (never pending forever) and raises ServiceStopped."""
+    outcomes = store.create_many([(spec.job_id, spec.record()) for spec in specs])
+    submitted = [Submitted(spec.job_id, created, status) for spec, (created, status) in zip(specs, outcomes)]
+    new = [s.job_id for s in submitted if s.created]
+    for index, job_id in enumerate(new):
+        try:
+            enqueue(Stage.INIT, job_id)
+        except Exception as error:  # broker down: do not leave these jobs pending forever
+            for stranded in new[index:]:
+                store.finish(stranded, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
+            raise ServiceStopped(f"the broker is unreachable: {error}") from error
+    return submitted
