@@ -9,7 +9,7 @@ Nothing here is committed; everything is built once into :func:`fixtures_dir` an
 * ``ensure_tiny_model("qwen3")``: a seeded, randomly initialised ``Qwen2ForCausalLM`` of a
   few MB saved beside its tokenizer, for the CPU reference server (needs ``torch``).
 * ``ensure_vllm_model("qwen3")``: a tiny ``Qwen2ForCausalLM`` vLLM's CPU backend accepts
-  (head_dim 64), briefly fine-tuned (seeded, ~20 s on CPU) to solve :data:`SFT_PROBLEMS` the
+  (head_dim 64), briefly fine-tuned (seeded, under a minute on CPU) to solve :data:`SFT_PROBLEMS` the
   way the ``math`` agent loop expects: a Hermes ``<tool_call>`` running python, then, after
   the tool's output, a ``\\boxed{}`` answer. Greedy decoding reproduces those two turns.
 
@@ -417,7 +417,7 @@ def _build_vllm_model(tokenizer_dir: Path, out: Path, max_steps: int = 600) -> N
             from error
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    _say(f"fine-tuning a tiny Qwen2 model for vLLM in {out.parent} (~20 s)")
+    _say(f"fine-tuning a tiny Qwen2 model for vLLM in {out.parent} (under a minute)")
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     vocab_size = -(-len(tok) // 128) * 128
     config = Qwen2Config(

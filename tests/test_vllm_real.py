@@ -23,7 +23,8 @@ from prorl_celery.devmodels import SFT_PROBLEMS, ensure_vllm_model, sft_instance
 from tests.conftest import eventually
 from tests.support.vllm import VLLMServer, require_vllm_python, skip_unless_vllm
 
-pytestmark = skip_unless_vllm()
+# the first test also pays for starting the two servers (about a minute, more on a loaded machine)
+pytestmark = [skip_unless_vllm(), pytest.mark.timeout(600)]
 
 #: server A's context length: well below the service's (PRORL_MAX_MODEL_LEN, 32768 by default)
 MAX_MODEL_LEN = 1536
@@ -54,10 +55,10 @@ def vllm_servers(tmp_path_factory, request):
     python = require_vllm_python()
     vllm_model = request.getfixturevalue("vllm_model")
     log_dir = tmp_path_factory.mktemp("vllm")
-    last_cpu = str(max(os.sched_getaffinity(0)))
+    cpus = sorted(os.sched_getaffinity(0))
     started = time.monotonic()
-    servers = [VLLMServer(python, vllm_model, log_dir, "vllm-a", max_model_len=MAX_MODEL_LEN, cpus="0"),
-               VLLMServer(python, vllm_model, log_dir, "vllm-b", max_model_len=4096, cpus=last_cpu)]
+    servers = [VLLMServer(python, vllm_model, log_dir, "vllm-a", max_model_len=MAX_MODEL_LEN, cpus=str(cpus[0])),
+               VLLMServer(python, vllm_model, log_dir, "vllm-b", max_model_len=4096, cpus=str(cpus[-1]))]
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda server: server.wait_ready(), servers))
@@ -250,3 +251,34 @@ def test_clear_and_reregister_two_vllm_servers_mid_run(gateway, vllm_servers, re
     say(request, f"switching: {old_turns} turns of 2 in-flight jobs stayed on A across the clear, {new_turns} "
                  f"turns of 3 new jobs on B; with both registered 4 jobs split {backends.count(a.address)}/"
                  f"{backends.count(b.address)}")
+
+
+# ----------------------------------------------------------------------------- e. weight-update pause
+
+
+def test_pause_keep_holds_a_job_and_resume_finishes_it(gateway, vllm_a, request):
+    """vLLM's weight-update pause (dev mode) in ``keep`` mode freezes a job's in-flight request
+    without failing it; after /resume the job completes with a whole trajectory."""
+    import httpx
+
+    register(gateway, vllm_a)
+    params = {"temperature": 1.0, "max_tokens": 600, "ignore_eos": True, "seed": 5}
+    generated = vllm_a.generated()
+    job_id = gateway.submit({**sft_instances()[0], "max_iterations": 1, "instance_id": "pause"},
+                            sampling_params=params)
+    eventually(lambda: vllm_a.generated() - generated >= 50, 60, "the job generating in vLLM")
+    try:
+        paused = httpx.post(vllm_a.base + "/pause", params={"mode": "keep"}, timeout=30)
+        assert paused.status_code == 200, paused.text
+        assert httpx.get(vllm_a.base + "/is_paused", timeout=5).json()["is_paused"] is True
+        held = vllm_a.generated()
+        time.sleep(1.5)
+        assert vllm_a.generated() == held, "vLLM kept generating while paused"
+        assert gateway.get(f"/jobs/{job_id}").json()["status"] == "run"
+    finally:
+        assert httpx.post(vllm_a.base + "/resume", timeout=30).status_code == 200
+    trajectory = trajectory_of(gateway.result(job_id, wait=120))
+    model_tokens = sum(trajectory["response_mask"])
+    assert trajectory["turns"][0]["output_len"] == 600 and model_tokens >= 600
+    say(request, f"pause: keep mode froze the job at {held - generated:.0f} of 600 tokens for 1.5 s; "
+                 "after /resume it completed")
