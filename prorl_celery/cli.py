@@ -151,13 +151,22 @@ def tokens() -> None:
 @click.argument("trajectory_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tokenizer", required=True, help="tokenizer directory")
 def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
-    """Would re-tokenizing a result's messages reproduce its ids? (a /process result or its trajectory)"""
+    """Would re-tokenizing a result's messages reproduce its ids? (a /process result or its trajectory)
+
+    For a job whose agent called the per-job OpenAI endpoint: its drift events (0 drift when
+    the agent's re-sent history always matched the served turns, else where and why)."""
     from .llm.fidelity import check_trajectory
     from .llm.tokenizer import load_tokenizer
+    from .llm.drift_report import describe, endpoint_record
     document = json.loads(trajectory_file.read_text())
     trajectory = document.get("trajectory", document)
     chat = load_tokenizer(tokenizer)
     report = check_trajectory(chat, trajectory)
+    if endpoint_record(document) is not None:  # the agent called the job's OpenAI endpoint
+        clean, text = describe(document)
+        click.echo(text)
+        click.echo(f"re-rendering the last segment's messages as text: {report.describe(chat)}")
+        sys.exit(0 if clean else 1)
     click.echo(report.describe(chat))
     sys.exit(0 if report.match else 1)
 

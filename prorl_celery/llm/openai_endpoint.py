@@ -97,7 +97,7 @@ class AgentEndpoint:
 
     async def wait_stop(self) -> str:
         await self._stop.wait()
-        return self.stop_reason or "stop"
+        return self.stop_reason or self.closed or "stop"
 
     def close(self, reason: str = "the job's RUN stage ended") -> None:
         """Refuse every later call and abort the one in flight (its backend request is cancelled)."""
@@ -105,7 +105,7 @@ class AgentEndpoint:
             self.closed = reason
         for task in list(self._inflight):
             task.cancel()
-        self.request_stop(reason)
+        self._stop.set()  # the in-sandbox runner ends the program, if it still runs
 
     def _admit(self) -> None:
         if self.closed is not None:

@@ -1,0 +1,178 @@
+"""AgentProgramHandler: any agent program, run in the sandbox against the job's own LLM endpoint.
+
+INIT starts the sandbox (the swe repository's bundle bound in when the instance has one),
+checks the repository out, and places the task files (``/workspace/.prorl/task.md`` and the
+instance's ``files``). RUN serves the job's OpenAI-compatible endpoint
+(:mod:`prorl_celery.llm.openai_endpoint`) on a Unix socket in the sandbox's socket directory,
+attached to the job's token session, and runs the program through the in-sandbox runner
+(:mod:`singularity.toolserver.agentrun`), which gives it ``OPENAI_BASE_URL`` on a loopback port
+and ``OPENAI_API_KEY`` (a random key of this job). After the program, RUN collects what the
+evaluator needs (the repository's diff, the answer file, a command's exit code). EVAL scores it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import shlex
+from pathlib import Path
+from typing import Any, ClassVar
+
+from handlers.agent_program.instances import TASK_DIR, TASK_FILE, AgentInstance, normalize_instance
+from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
+from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
+from handlers.swe.handler import BUNDLE_MOUNT, SweHandler, checkout_command
+
+#: the endpoint's socket, next to the tool server's (the directory is bound into the sandbox)
+ENDPOINT_SOCKET = "llm.sock"
+ENDPOINT_INSIDE = f"/run/toolserver/{ENDPOINT_SOCKET}"
+RUN_CONFIG = f"{TASK_DIR}/run.json"
+AGENT_LOG = f"{TASK_DIR}/agent.log"
+LOG_TAIL_BYTES = 8000
+#: time RUN keeps, out of the job's budget, to collect the outcome after the program
+COLLECT_S = 30.0
+
+
+class AgentProgramHandler(AgentHandler):
+    """Task ``agent``: bring your own agent (see ``instances`` for the instance format)."""
+
+    name: ClassVar[str] = "agent"
+    aliases: ClassVar[tuple[str, ...]] = ("agent_program", "byo_agent")
+    node_local: ClassVar[bool] = True
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        normalize_instance(instance)
+
+    def sandbox_request(self, job: JobContext) -> SandboxRequest:
+        return self._sandbox(normalize_instance(job.instance))
+
+    def eval_sandbox_request(self, job: JobContext) -> SandboxRequest | None:
+        instance = normalize_instance(job.instance)
+        return self._sandbox(instance) if instance.evaluator_type == "swe" else None
+
+    @staticmethod
+    def _sandbox(instance: AgentInstance) -> SandboxRequest:
+        binds = ((str(instance.swe.bundle.parent), BUNDLE_MOUNT),) if instance.swe else ()
+        # agent programs are whole Python applications (litellm alone maps over 1 GiB)
+        return SandboxRequest(binds=binds, memory_bytes=16 * 2**30, max_processes=1024)
+
+    async def init(self, job: JobContext) -> dict[str, Any]:
+        instance = normalize_instance(job.instance)
+        if instance.swe is not None:
+            await sh(job.sandbox, checkout_command(instance.swe), timeout_s=120)
+        await sh(job.sandbox, f"mkdir -p {TASK_DIR} {shlex.quote(instance.cwd)}")
+        await write_text(job.sandbox, TASK_FILE, instance.task)
+        for path, text in instance.files.items():
+            await sh(job.sandbox, f"mkdir -p \"$(dirname {shlex.quote('/workspace/' + path)})\"")
+            await write_text(job.sandbox, f"/workspace/{path}", text)
+        return {"cwd": instance.cwd, "agent": instance.agent, "evaluator": instance.evaluator_type,
+                "files": sorted(instance.files)}
+
+    def _max_calls(self, job: JobContext, instance: AgentInstance) -> int:
+        if "max_iterations" in job.instance:
+            return instance.max_iterations
+        return int(job.agent_params.get("max_iterations") or instance.max_iterations)
+
+    async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
+        from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
+
+        instance = normalize_instance(job.instance)
+        if job.sandbox is None:
+            raise RuntimeError("the agent task needs its sandbox")
+        key = secrets.token_urlsafe(32)
+        endpoint = AgentEndpoint(llm, key=key, model=instance.model, max_calls=self._max_calls(job, instance),
+                                 time_left=job.time_left)
+        socket_path = Path(job.sandbox.address).parent / ENDPOINT_SOCKET
+        argv, env = instance.program()
+        outcome: dict[str, Any] = {}
+        try:
+            async with EndpointServer(endpoint, socket_path):
+                config = {"socket": ENDPOINT_INSIDE, "key": key, "argv": argv, "env": env, "cwd": instance.cwd,
+                          "log": AGENT_LOG, "model": instance.model}
+                await write_text(job.sandbox, RUN_CONFIG, json.dumps(config))
+                left = job.time_left()
+                timeout_s = max(5.0, (left - COLLECT_S) if left is not None else 24 * 3600.0)
+                result = await job.sandbox.bash(
+                    f"python3 -m singularity.toolserver.agentrun {shlex.quote(RUN_CONFIG)}", timeout_s=timeout_s)
+                outcome["program"] = _program_result(result, argv)
+        finally:
+            outcome["endpoint"] = endpoint.summary()
+        outcome["program"]["log_tail"] = await _log_tail(job.sandbox)
+        outcome.update(await self._collect(job, instance))
+        outcome["finish_reason"] = outcome["program"].get("stopped") or "exit"
+        return outcome
+
+    async def _collect(self, job: JobContext, instance: AgentInstance) -> dict[str, Any]:
+        """What the evaluator needs, taken before the sandbox closes."""
+        kind = instance.evaluator_type
+        if kind == "swe":
+            return await SweHandler()._take_patch(job, instance.swe)
+        if kind == "math":
+            path = "/workspace/" + instance.evaluator["answer_file"]
+            try:
+                data = await read_bytes(job.sandbox, path, limit_bytes=2**20)
+            except (SandboxCommandError, ValueError) as error:
+                return {"answer": None, "answer_error": str(error)}
+            return {"answer": None if data is None else data.decode("utf-8", "replace")}
+        if kind == "command":
+            timeout_s = float(instance.evaluator.get("timeout_s", 120))
+            result = await job.sandbox.bash(f"cd {shlex.quote(instance.cwd)} && {instance.evaluator['command']}",
+                                            timeout_s=timeout_s)
+            return {"command_eval": {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                                     "output_tail": result.output[-4000:]}}
+        return {}
+
+    async def run_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
+        return {"finish_reason": "error", "error": f"{type(error).__name__}: {error}", "patch": ""}
+
+    async def eval(self, job: JobContext) -> EvalResult:
+        instance = normalize_instance(job.instance)
+        kind = instance.evaluator_type
+        run = job.run_result
+        if kind == "swe":
+            swe_job = dataclasses.replace(job, task="swe", instance=instance.swe_row)
+            result = await SweHandler().eval(swe_job)
+            return result
+        if kind == "math":
+            from handlers.math.grading import extract_boxed, is_equivalent
+            text = run.get("answer")
+            answer = (extract_boxed(text) or text.strip()) if isinstance(text, str) else None
+            truth = str(instance.evaluator["ground_truth"])
+            correct = answer is not None and is_equivalent(answer, truth)
+            return EvalResult(1.0 if correct else 0.0, {"answer": answer, "ground_truth": truth, "correct": correct})
+        if kind == "command":
+            check = run.get("command_eval") or {}
+            passed = check.get("exit_code") == 0 and not check.get("timed_out")
+            return EvalResult(1.0 if passed else 0.0, {"command": instance.evaluator["command"], **check})
+        return EvalResult(0.0, {"reason": "the instance has no evaluator"})
+
+    def final_result(self, job: JobContext) -> dict[str, Any]:
+        run = job.run_result
+        extra: dict[str, Any] = {"artifacts": {k: run[k] for k in ("patch", "answer") if run.get(k) is not None}}
+        if "patch" in run:
+            extra["git_patch"] = run.get("patch") or ""
+        if run.get("endpoint") is not None:
+            extra["endpoint"] = {k: v for k, v in run["endpoint"].items() if k != "calls_log"}
+        return extra
+
+
+def _program_result(result: Any, argv: list[str]) -> dict[str, Any]:
+    """The runner's result line (exit code, why it was stopped), or what the shell saw."""
+    from singularity.toolserver.agentrun import RESULT_PREFIX
+
+    summary: dict[str, Any] = {"argv": argv[:3] + (["..."] if len(argv) > 3 else []), "timed_out": result.timed_out}
+    for line in reversed(result.output.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            summary.update(json.loads(line[len(RESULT_PREFIX):]))
+            break
+    else:
+        summary.update(exit_code=result.exit_code, stopped="timeout" if result.timed_out else None,
+                       runner_output=result.output[-2000:])
+    return summary
+
+
+async def _log_tail(sandbox: Any) -> str:
+    try:
+        return await sh(sandbox, f"tail -c {LOG_TAIL_BYTES} {AGENT_LOG} 2>/dev/null || true", check=False)
+    except Exception:  # noqa: BLE001 - the sandbox may be gone; the outcome matters more
+        return ""

@@ -1,0 +1,111 @@
+"""Scripted LLM replies for agents no one here wrote, and small agent programs of our own
+(a plain ``openai`` SDK agent, a history-rewriting one), for the ``agent`` task's tests."""
+from __future__ import annotations
+
+import json
+
+from tests.support.swe import ROMANUM
+
+
+def bash_block(thought: str, command: str) -> str:
+    """One mini-swe-agent textbased reply: a THOUGHT and exactly one bash block."""
+    return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
+
+
+#: mini-swe-agent (textbased) fixes romanum-14 with the gold patch, then submits
+MINI_SWE_RULES = [
+    {"match": "to_roman\\(\\) writes nine hundreds as DCD", "scope": "prompt", "replies": [
+        bash_block("Let me look at the numeral table first.", "nl -ba romanum/numerals.py | sed -n '1,25p'"),
+        bash_block("The table has no entry for 900, so 900 is written as D + CD. I add (900, \"CM\").",
+                   "sed -i 's/^    (1000, \"M\"),$/    (1000, \"M\"),\\n    (900, \"CM\"),/' romanum/numerals.py "
+                   "&& git diff"),
+        bash_block("Now I check the example from the issue.",
+                   "python3 -c 'from romanum import to_roman, from_roman; "
+                   "print(to_roman(1994), from_roman(to_roman(1994)))'"),
+        bash_block("The fix works. Submitting.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+    ]},
+]
+
+
+def tool_call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+#: the openai SDK agent below: a function call, then the answer
+SDK_RULES = [
+    {"match": "SDK-AGENT", "scope": "prompt", "replies": [
+        "I will compute it.\n" + tool_call("python", code="print(6 * 7)"),
+        "The answer is \\boxed{42}."]},
+    {"match": "REWRITE-AGENT", "scope": "prompt", "replies": ["first answer", "second answer", "third answer"]},
+    {"match": "THINK-AGENT", "scope": "prompt", "replies": [
+        "<think>\nA greeting.\n</think>\n\nHello!", "<think>\nNow the sum.\n</think>\n\n\\boxed{5}"]},
+]
+
+#: a plain openai SDK agent: function tools, streaming, the answer written to answer.txt
+SDK_AGENT = r'''
+import json, os, subprocess, sys
+from openai import OpenAI
+
+client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
+tools = [{"type": "function", "function": {"name": "python", "description": "run Python code",
+          "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]
+messages = [{"role": "system", "content": "You solve problems with a python tool."},
+            {"role": "user", "content": open(os.environ["PRORL_TASK_FILE"]).read()}]
+for _ in range(5):
+    stream = client.chat.completions.create(model=os.environ["PRORL_LLM_MODEL"], messages=messages, tools=tools,
+                                            stream=True)
+    content, calls = "", {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls.values()]
+    messages.append(message)
+    if not calls:
+        open("answer.txt", "w").write(content)
+        break
+    for call in calls.values():
+        code = json.loads(call["arguments"])["code"]
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": out})
+print("done")
+'''
+
+#: an agent that edits an earlier message of its history before its third call
+REWRITE_AGENT = r'''
+import os
+from openai import OpenAI
+
+client = OpenAI()
+messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "REWRITE-AGENT one"}]
+for turn in range(3):
+    if turn == 2:
+        messages[0] = {"role": "system", "content": "Be very brief."}  # rewrites history
+    reply = client.chat.completions.create(model="policy", messages=messages)
+    messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                 {"role": "user", "content": f"next {turn}"}]
+print("done")
+'''
+
+#: a Qwen3 <think> conversation: two user turns, the agent sends back only the content
+THINK_AGENT = r'''
+from openai import OpenAI
+
+client = OpenAI()
+messages = [{"role": "user", "content": "THINK-AGENT hello"}]
+for question in ("what is 2 + 3?", None):
+    reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+    messages.append({"role": "assistant", "content": reply.content})
+    if question is None:
+        break
+    messages.append({"role": "user", "content": question})
+open("answer.txt", "w").write(messages[-1]["content"])
+'''
+
+ROMANUM_ID = ROMANUM["instance_id"]
