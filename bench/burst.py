@@ -1,0 +1,382 @@
+"""A burst of LLM-bound rollouts launched at once, against the physical floor, in one run.
+
+Every job is a one-turn math rollout whose single LLM call takes ``--delay`` seconds at a
+scripted server (``prorl llm-serve --scripted``, a rule with ``delay_s``: an ``asyncio.sleep``,
+so the server holds every request at once and is never the bottleneck). The ideal makespan is
+the delay. For each burst size, side by side on the same cluster and the same LLM server:
+
+- **floor**: the same number of requests sent straight to the scripted server (``POST
+  /v1/completions`` with the job's prompt ids, as the RUN stage sends them), all at once from
+  one asyncio client: what the machine can do with no service in between;
+- **batched**: ``POST /jobs`` in batches (the client's ``submit_many``), then every result
+  waited on with ``GET /jobs/<id>?wait=`` (``wait_all``);
+- **process**: one blocking ``POST /process`` per job, all at once (how v1 trainers call).
+
+Reported per (size, style): makespan and makespan / ideal, the peak number of requests in
+flight at the LLM server (from its request log), the gateway's memory (peak RSS of the gunicorn
+process group), and the RUN worker's CPU per job and RSS (idle before the burst, peak during).
+
+    python -m bench.burst                      # 256, 1000 and 4000 jobs of 10 s, both styles
+    python -m bench.burst --quick              # 64 and 256 jobs of 2 s
+    python -m bench.burst --sizes 1000 --styles process --delay 10 --repeat 2
+
+Each size gets a cluster of its own (RUN ``-c`` = the size unless ``--run-concurrency``), warmed
+by one wave of short jobs first; styles are interleaved over ``--repeat`` rounds. Prints a table
+and writes ``bench/results/burst.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench._cli import run_benchmark
+from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.status import Stage
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results" / "burst.json"
+TARGET_RATIO = 1.25
+TARGET_SIZE = 1000
+SAMPLING = {"max_tokens": 64, "temperature": 0.0}
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Plan:
+    sizes: list[int]
+    styles: list[str]
+    delay_s: float
+    warm_delay_s: float
+    repeat: int
+    run_concurrency: int | None
+    init_concurrency: int
+    eval_concurrency: int
+    gateway_workers: int
+    gateway_threads: int | None
+    warmup: bool
+
+
+def parse_args(argv: list[str] | None) -> Plan:
+    parser = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", help="burst sizes (default 256,1000,4000; --quick 64,256)")
+    parser.add_argument("--styles", default="floor,batched,process",
+                        help="what to run for each size (default %(default)s)")
+    parser.add_argument("--delay", type=float, help="seconds of one LLM call (default 10; --quick 2)")
+    parser.add_argument("--warm-delay", type=float, default=0.5, help="LLM delay of the warm-up wave (s)")
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds of the styles")
+    parser.add_argument("--run-concurrency", type=int, help="RUN worker -c (default: the burst size)")
+    parser.add_argument("--init-concurrency", type=int, default=16)
+    parser.add_argument("--eval-concurrency", type=int, default=16)
+    parser.add_argument("--gateway-workers", type=int, default=2)
+    parser.add_argument("--gateway-threads", type=int, help="PRORL_GATEWAY_THREADS for the gateway (default: its own)")
+    parser.add_argument("--no-warmup", action="store_true", help="measure a cold cluster (no warm-up wave)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 64 and 256 jobs of 2 s")
+    args = parser.parse_args(argv)
+    sizes = args.sizes or ("64,256" if args.quick else "256,1000,4000")
+    styles = [s.strip() for s in args.styles.split(",") if s.strip()]
+    unknown = set(styles) - {"floor", "batched", "process"}
+    if unknown:
+        parser.error(f"--styles: unknown {sorted(unknown)}")
+    return Plan(sizes=[int(s) for s in sizes.split(",")], styles=styles,
+                delay_s=args.delay if args.delay is not None else (2.0 if args.quick else 10.0),
+                warm_delay_s=args.warm_delay, repeat=args.repeat, run_concurrency=args.run_concurrency,
+                init_concurrency=args.init_concurrency, eval_concurrency=args.eval_concurrency,
+                gateway_workers=args.gateway_workers, gateway_threads=args.gateway_threads,
+                warmup=not args.no_warmup)
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+def group_pids(process: ManagedProcess) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[2]) == process.popen.pid:
+                pids.append(int(entry))
+    return pids
+
+
+def group_rss_mb(process: ManagedProcess) -> float:
+    total = 0
+    for pid in group_pids(process):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except OSError:
+            pass
+    return total * PAGE / 2**20
+
+
+def group_cpu_s(process: ManagedProcess) -> float:
+    total = 0.0
+    for pid in group_pids(process):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
+
+
+class Sampler:
+    """Peak RSS of some process groups, sampled every 0.2 s on a thread."""
+
+    def __init__(self, processes: dict[str, ManagedProcess]) -> None:
+        self.processes = processes
+        self.peak = {name: 0.0 for name in processes}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for name, process in self.processes.items():
+                self.peak[name] = max(self.peak[name], group_rss_mb(process))
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def rules_file(directory: Path, plan: Plan) -> Path:
+    path = directory / "burst-rules.json"
+    path.write_text(json.dumps([
+        {"match": "BURSTWARM", "replies": ["The answer is \\boxed{2}."], "delay_s": plan.warm_delay_s,
+         "scope": "prompt"},
+        {"match": "BURST", "replies": ["The answer is \\boxed{2}."], "delay_s": plan.delay_s, "scope": "prompt"},
+    ]))
+    return path
+
+
+def start_cluster(plan: Plan, size: int, log_dir: Path, tokenizer: str, rules: Path) -> LocalCluster:
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if plan.gateway_threads:
+        env["PRORL_GATEWAY_THREADS"] = str(plan.gateway_threads)
+    command = [sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules), "--tokenizer", tokenizer,
+               "--port", "{port}", "--log-level", "warning"]
+    cluster = LocalCluster(tokenizer=tokenizer, llm_command=command, env=env, gateway_workers=plan.gateway_workers,
+                           concurrency={Stage.INIT: plan.init_concurrency,
+                                        Stage.RUN: plan.run_concurrency or size,
+                                        Stage.EVAL: plan.eval_concurrency},
+                           log_dir=log_dir)
+    cluster.start()
+    return cluster
+
+
+def named(cluster: LocalCluster, prefix: str) -> ManagedProcess:
+    return next(p for p in cluster.processes if p.name.startswith(prefix))
+
+
+# -- the three styles ----------------------------------------------------------------------------
+
+def instance(tag: str, index: int) -> dict[str, Any]:
+    return {"data_source": "math", "problem": f"{tag} {index}: what is 1 + 1?", "answer": "2"}
+
+
+def llm_base(cluster: LocalCluster) -> str:
+    assert cluster.llm_url
+    return cluster.llm_url.removesuffix("/v1")
+
+
+def peak_in_flight(log: list[dict[str, Any]]) -> int:
+    events = []
+    for gen in log:
+        events.append((gen["started"], 1))
+        events.append((gen["finished"] or gen["started"], -1))
+    peak = current = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def llm_spread(log: list[dict[str, Any]]) -> dict[str, float]:
+    """When the requests reached the LLM server and when it answered them, from the first arrival."""
+    if not log:
+        return {}
+    first = min(g["started"] for g in log)
+    return {"llm_last_arrival_s": max(g["started"] for g in log) - first,
+            "llm_last_answer_s": max(g["finished"] or g["started"] for g in log) - first}
+
+
+async def floor(cluster: LocalCluster, size: int, tag: str, prompt_ids: list[int]) -> float:
+    """The same burst straight to the scripted server: no service in between."""
+    limits = httpx.Limits(max_connections=size + 8, max_keepalive_connections=size + 8)
+    url = llm_base(cluster) + "/v1/completions"
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        async def one(i: int) -> None:
+            response = await client.post(url, json={"model": "m", "prompt": prompt_ids, "max_tokens": 64,
+                                                    "temperature": 0.0, "logprobs": 0, "return_token_ids": True})
+            response.raise_for_status()
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(size)))
+        return time.perf_counter() - started
+
+
+async def batched(cluster: LocalCluster, size: int, tag: str) -> tuple[float, list[dict]]:
+    from prorl_celery.client import AsyncRolloutClient, JobRequest, new_job_id
+
+    async with AsyncRolloutClient(cluster.gateway_url, timeout_s=600, max_waits=min(size, 256)) as client:
+        requests = [JobRequest(instance(tag, i), SAMPLING, new_job_id(), None, None) for i in range(size)]
+        started = time.perf_counter()
+        ids = await client.submit_many(requests)
+        results = await client.wait_all(ids)
+        return time.perf_counter() - started, results
+
+
+async def process(cluster: LocalCluster, size: int, tag: str) -> tuple[float, list[dict]]:
+    limits = httpx.Limits(max_connections=size + 8, max_keepalive_connections=size + 8)
+    async with httpx.AsyncClient(base_url=cluster.gateway_url, timeout=900, limits=limits) as client:
+        async def one(i: int) -> dict:
+            response = await client.post("/process", json={"instance": instance(tag, i), "sampling_params": SAMPLING})
+            response.raise_for_status()
+            return response.json()
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one(i) for i in range(size)))
+        return time.perf_counter() - started, list(results)
+
+
+def prompt_of_job(cluster: LocalCluster, tokenizer: str) -> list[int]:
+    """The prompt ids the RUN stage sends for a burst job (the floor sends the same): a warm-up
+    job's prompt, its tag made the measured one's."""
+    from prorl_celery.llm.tokenizer import load_tokenizer
+
+    with httpx.Client(base_url=cluster.gateway_url, timeout=120) as client:
+        result = client.post("/process", json={"instance": instance("BURSTWARM", 0), "sampling_params": SAMPLING})
+    tok = load_tokenizer(tokenizer)
+    text = tok.decode(result.json()["trajectory"]["prompt_ids"], skip_special_tokens=False)
+    return tok.encode(text.replace("BURSTWARM", "BURST floor"))
+
+
+def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
+            prompt_ids: list[int]) -> dict[str, Any]:
+    httpx.post(llm_base(cluster) + "/_reset").raise_for_status()
+    gateway, run_worker = named(cluster, "gateway"), named(cluster, "run-")
+    idle = {"gateway_rss_mb": group_rss_mb(gateway), "run_rss_mb": group_rss_mb(run_worker)}
+    cpu_before = {name: group_cpu_s(p) for name, p in (("gateway", gateway), ("run", run_worker),
+                                                        ("init", named(cluster, "init-")),
+                                                        ("eval", named(cluster, "eval-")),
+                                                        ("llm", named(cluster, "llm")))}
+    own_before = time.process_time()
+    with Sampler({"gateway": gateway, "run": run_worker}) as sampler:
+        if style == "floor":
+            makespan, results = asyncio.run(floor(cluster, size, tag, prompt_ids)), []
+        elif style == "batched":
+            makespan, results = asyncio.run(batched(cluster, size, tag))
+        else:
+            makespan, results = asyncio.run(process(cluster, size, tag))
+    own_cpu = time.process_time() - own_before
+    cpu = {name: group_cpu_s(named(cluster, prefix)) - cpu_before[name]
+           for name, prefix in (("gateway", "gateway"), ("run", "run-"), ("init", "init-"), ("eval", "eval-"),
+                                ("llm", "llm"))}
+    cpu["client"] = own_cpu
+    log = httpx.get(llm_base(cluster) + "/_log", timeout=120).json()
+    bad = [r for r in results if r.get("status") != "completed"]
+    row = {"size": size, "style": style, "makespan_s": makespan, "ratio": makespan / plan.delay_s,
+           "peak_in_flight": peak_in_flight(log), "llm_requests": len(log), **llm_spread(log),
+           "not_completed": len(bad), "example_error": (bad[0].get("error") if bad else None),
+           "gateway_rss_idle_mb": idle["gateway_rss_mb"], "gateway_rss_peak_mb": sampler.peak["gateway"],
+           "run_rss_idle_mb": idle["run_rss_mb"], "run_rss_peak_mb": sampler.peak["run"],
+           "cpu_ms_per_job": {k: v * 1e3 / size for k, v in cpu.items()}}
+    print(f"  {size:>5} {style:<8} makespan {makespan:6.2f} s ({row['ratio']:.2f}x ideal), peak in flight "
+          f"{row['peak_in_flight']}, gateway {row['gateway_rss_peak_mb']:.0f} MB, RUN {row['run_rss_peak_mb']:.0f} MB, "
+          f"RUN CPU {row['cpu_ms_per_job']['run']:.1f} ms/job, arrivals at the LLM over "
+          f"{row.get('llm_last_arrival_s', 0):.2f} s" + (f", {len(bad)} not completed" if bad else ""),
+          file=sys.stderr, flush=True)
+    return row
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    from prorl_celery.devmodels import ensure_tokenizer
+
+    log_dir = Path(tempfile.mkdtemp(prefix="prorl-burst-"))
+    tokenizer = str(ensure_tokenizer("qwen3"))
+    rules = rules_file(log_dir, plan)
+    result: dict[str, Any] = {
+        "benchmark": "burst", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "log_dir": str(log_dir),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": os.getloadavg()},
+        "plan": plan.__dict__, "rows": [], "clusters": []}
+    for size in plan.sizes:
+        print(f"burst of {size}: starting a cluster (RUN -c {plan.run_concurrency or size}; logs in {log_dir})",
+              file=sys.stderr, flush=True)
+        cluster = start_cluster(plan, size, log_dir / f"size-{size}", tokenizer, rules)
+        try:
+            run_worker = named(cluster, "run-")
+            time.sleep(2.0)  # let the workers settle (tokenizer preload, first heartbeat)
+            info = {"size": size, "run_rss_started_mb": group_rss_mb(run_worker),
+                    "gateway_rss_started_mb": group_rss_mb(named(cluster, "gateway"))}
+            prompt_ids = prompt_of_job(cluster, tokenizer)
+            if plan.warmup and {"batched", "process"} & set(plan.styles):
+                started = time.perf_counter()
+                asyncio.run(batched(cluster, size, "BURSTWARM"))
+                info["warmup_s"] = time.perf_counter() - started
+            info["run_rss_warm_mb"] = group_rss_mb(run_worker)
+            result["clusters"].append(info)
+            for round_ in range(plan.repeat):
+                order = plan.styles if round_ % 2 == 0 else plan.styles[::-1]
+                for style in order:
+                    result["rows"].append(measure(cluster, plan, size, style, f"BURST r{round_}", prompt_ids))
+        finally:
+            cluster.stop()
+    result["loadavg_after"] = os.getloadavg()
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    plan = result["plan"]
+    lines = [f"burst of one-turn math jobs, LLM call {plan['delay_s']:g} s (ideal makespan), "
+             f"{result['machine']['cpus']} cores; load {result['machine']['loadavg_before'][0]:.1f} before",
+             "",
+             "| jobs | style | makespan | / ideal | peak in flight | gateway RSS peak | RUN CPU/job | RUN RSS idle -> peak | not completed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        cpu = row["cpu_ms_per_job"]
+        lines.append(f"| {row['size']} | {row['style']} | {row['makespan_s']:.2f} s | {row['ratio']:.2f}x | "
+                     f"{row['peak_in_flight']} | {row['gateway_rss_peak_mb']:.0f} MB | {cpu['run']:.1f} ms | "
+                     f"{row['run_rss_idle_mb']:.0f} -> {row['run_rss_peak_mb']:.0f} MB | {row['not_completed']} |")
+    lines.append("")
+    lines.append("CPU ms per job by process (gateway, init, run, eval, llm, client):")
+    for row in result["rows"]:
+        cpu = row["cpu_ms_per_job"]
+        lines.append(f"  {row['size']:>5} {row['style']:<8} " + "  ".join(f"{k} {cpu[k]:.1f}" for k in
+                                                                       ("gateway", "init", "run", "eval", "llm", "client")))
+    for info in result["clusters"]:
+        lines.append(f"  cluster {info['size']}: RUN worker RSS at start {info['run_rss_started_mb']:.0f} MB, "
+                     f"after warm-up {info['run_rss_warm_mb']:.0f} MB; gateway {info['gateway_rss_started_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def passed(result: dict[str, Any]) -> bool:
+    rows = [r for r in result["rows"] if r["size"] == TARGET_SIZE and r["style"] != "floor"]
+    return all(r["ratio"] <= TARGET_RATIO and r["peak_in_flight"] >= TARGET_SIZE and not r["not_completed"]
+               for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    plan = parse_args(argv)
+    return run_benchmark(lambda: run(plan), report, RESULTS, passed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
