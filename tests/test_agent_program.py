@@ -11,7 +11,10 @@ import sys
 import pytest
 
 from tests.conftest import rules_file, start_llm_server
-from tests.support.agents import (MINI_SWE_RULES, REWRITE_AGENT, ROMANUM_ID, SDK_AGENT, SDK_RULES, THINK_AGENT)
+import time
+
+from tests.support.agents import (MINI_SWE_RULES, PROBE_AGENT, REWRITE_AGENT, ROMANUM_ID, SDK_AGENT, SDK_RULES,
+                                 SLOW_AGENT, THINK_AGENT)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -82,6 +85,8 @@ def test_mini_swe_agent_fixes_romanum(service, agent_llm, qwen3_tokenizer, tmp_p
     assert "```mswea_bash_command" in assistant[1] and '(900, "CM")' in assistant[1]
     observations = [m["content"] for m in trajectory["messages"] if m["role"] == "user"]
     assert any("MCMXCIV 1994" in text for text in observations)
+    page = service.get(f"/dashboard/jobs/{result['job_id']}")
+    assert page.status_code == 200 and "mswea_bash_command" in page.text and "COMPLETE_TASK_AND_SUBMIT" in page.text
     check = tokens_check(tmp_path, result, qwen3_tokenizer)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "0 drift" in check.stdout
@@ -134,3 +139,39 @@ def test_qwen3_think_conversation_records_a_drift_event(service, agent_llm, qwen
         agent_llm.log()[1]["prompt_ids"].__repr__()
     check = tokens_check(tmp_path, result, qwen3_tokenizer)
     assert check.returncode == 1 and "<think>" in check.stdout
+
+
+def test_the_key_opens_only_this_jobs_endpoint(service, agent_llm):
+    gateway = service.cluster.gateway_url  # handed to the agent as its task: it tries the service with its key
+    result = service.process({"data_source": "agent", "command": "python3 agent.py", "task": gateway,
+                              "files": {"agent.py": PROBE_AGENT},
+                              "evaluator": {"type": "command", "command": "cat answer.txt"}}, timeout_s=120)
+    assert (result["status"], result["reward"]) == ("completed", 1.0), (result["error"], result["eval"])
+    report = json.loads(result["eval"]["output_tail"].strip().splitlines()[-1])
+    assert report["run_dir"] == ["llm.sock", "tool.sock"] and report["other_sockets"] == []
+    assert (report["no_key"], report["wrong_key"], report["own_key"]) == (401, 401, 200)
+    assert report["gateway"] in ("URLError", "ConnectionRefusedError", "OSError")  # no network in the sandbox
+    assert result["endpoint"]["calls"] == 0
+    assert agent_llm.log() == []
+    # the key reached the program only: no field of the job's record holds it
+    assert len(report["key"]) >= 32 and report["key"] not in json.dumps({**result, "eval": None})
+    record = service.get(f"/jobs/{result['job_id']}").json()
+    assert report["key"] not in json.dumps({**record, "eval": None})
+
+
+def test_cancelling_the_job_ends_the_pending_call_at_once(service, agent_llm):
+    job_id = service.submit({"data_source": "agent", "command": "python3 agent.py", "task": "slow",
+                             "files": {"agent.py": SLOW_AGENT}}, timeout_s=240)
+    deadline = time.monotonic() + 60
+    while not agent_llm.log():
+        assert time.monotonic() < deadline, "the agent never called its endpoint"
+        time.sleep(0.1)
+    started = time.monotonic()
+    assert service.post("/cancel", json={"job_id": job_id}).json()["cancelled"] == [job_id]
+    result = service.result(job_id, wait=30)
+    assert result["status"] == "cancelled"
+    deadline = time.monotonic() + 10
+    while not agent_llm.log()[0]["aborted"]:  # the backend saw the request aborted
+        assert time.monotonic() < deadline, agent_llm.log()
+        time.sleep(0.1)
+    assert time.monotonic() - started < 15

@@ -36,6 +36,7 @@ SDK_RULES = [
     {"match": "SDK-AGENT", "scope": "prompt", "replies": [
         "I will compute it.\n" + tool_call("python", code="print(6 * 7)"),
         "The answer is \\boxed{42}."]},
+    {"match": "SLOW-AGENT", "replies": ["too late"], "delay_s": 120},
     {"match": "REWRITE-AGENT", "scope": "prompt", "replies": ["first answer", "second answer", "third answer"]},
     {"match": "THINK-AGENT", "scope": "prompt", "replies": [
         "<think>\nA greeting.\n</think>\n\nHello!", "<think>\nNow the sum.\n</think>\n\n\\boxed{5}"]},
@@ -109,3 +110,33 @@ open("answer.txt", "w").write(messages[-1]["content"])
 '''
 
 ROMANUM_ID = ROMANUM["instance_id"]
+
+#: an agent that checks what it can reach from inside its sandbox, with and without its key
+PROBE_AGENT = r'''
+import json, os, socket, sys, urllib.request, urllib.error
+report = {"run_dir": sorted(os.listdir("/run/toolserver"))}
+base = os.environ["OPENAI_BASE_URL"]
+def status(url, key=None):
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError as error:
+        return type(error).__name__
+report["no_key"] = status(base + "/models")
+report["wrong_key"] = status(base + "/models", "not-the-key")
+report["own_key"] = status(base + "/models", os.environ["OPENAI_API_KEY"])
+gateway = open(os.environ["PRORL_TASK_FILE"]).read().strip()
+report["gateway"] = status(gateway + "/status", os.environ["OPENAI_API_KEY"])
+other = [p for p in os.listdir("/run/toolserver") if p not in ("tool.sock", "llm.sock")]
+report["other_sockets"] = other
+report["key"] = os.environ["OPENAI_API_KEY"]
+open("answer.txt", "w").write(json.dumps(report))
+'''
+
+#: an agent whose one call the scripted server answers after a minute (cancellation)
+SLOW_AGENT = r'''
+from openai import OpenAI
+OpenAI(max_retries=0).chat.completions.create(model="policy", messages=[{"role": "user", "content": "SLOW-AGENT"}])
+'''
