@@ -27,6 +27,7 @@ ENTRY_POINT_GROUP = "prorl.handlers"
 #: Handlers shipped with this package, as "module:attribute" like an entry point value.
 BUILTIN_HANDLERS: dict[str, str] = {
     "agent": "handlers.agent_program:AgentProgramHandler",
+    "code": "handlers.code:CodeHandler",
     "math": "handlers.math:MathHandler",
     "noop": "handlers.noop:NoopHandler",
     "stem": "handlers.stem:StemHandler",

@@ -90,10 +90,12 @@ def rootfs_image() -> str:
 
 
 def test_apptainer_runs_here():
-    """The contract suite includes Apptainer wherever the binary exists."""
+    """The contract suite includes Apptainer wherever the binary exists (and only there)."""
     if not APPTAINER:
+        assert "apptainer" not in RUNTIMES
         pytest.skip(f"apptainer contract not run: {APPTAINER.reason}; Apptainer cannot be installed "
                     "on this machine, so its exact command lines are checked in test_runtime_units.py")
+    assert "apptainer" in RUNTIMES
 
 
 def run(coro):
