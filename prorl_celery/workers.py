@@ -6,6 +6,7 @@ hand back stages that outlive the grace period. Shutdown: leave the worker list.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -37,6 +38,8 @@ def add_node_queue(sender: str, instance, **_: object) -> None:
     load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
     _reap_sandboxes()
     queues = instance.app.amqp.queues
+    if Stage.EVAL.value in queues.consume_from:
+        _preload_graders()
     if Stage.RUN.value in queues.consume_from:
         name = node_queue(Stage.RUN, get_services().settings.node)
         queues.select_add(name)
@@ -103,6 +106,20 @@ def _reap_sandboxes() -> None:
         get_services().sandboxes.reap_dead_owners()
     except Exception as error:  # noqa: BLE001 - a worker must start even if reaping fails
         log.warning("cannot reap sandboxes of dead workers: %s", error)
+
+
+#: libraries that graders import on first use: an EVAL worker imports them at start-up, so its
+#: first job does not wait for them (math_verify: sympy, 0.5 s), while the gateway, INIT and RUN
+#: workers never carry them (40 MB)
+EVAL_PRELOAD = ("math_verify",)
+
+
+def _preload_graders() -> None:
+    for name in EVAL_PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as error:  # a handler that needs it will say so on its first job
+            log.warning("cannot preload %s: %s", name, error)
 
 
 def _preload_tokenizer(path: str) -> None:

@@ -16,7 +16,6 @@ import logging
 import re
 from fractions import Fraction
 
-from math_verify import parse, verify
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +128,10 @@ def _unwrap(text: str) -> str:
 
 
 def _math_verify_equivalent(answer: str, ground_truth: str) -> bool:
+    # imported here, not at module level: math_verify pulls in sympy (40 MB, 0.5 s), which only
+    # EVAL needs; EVAL workers import it at start-up (prorl_celery.workers)
+    from math_verify import parse, verify
+
     try:
         # Boxing makes math-verify's LaTeX extractor take the whole string as one answer.
         gold = parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=None)
