@@ -77,6 +77,11 @@ class BackendError(ProrlError):
     code = "backend_error"
     http_status = 502
 
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        #: the LLM server's HTTP status, when it answered at all
+        self.status_code = status_code
+
 
 class StageTimeout(ProrlError, TimeoutError):
     code = "timeout"

@@ -86,3 +86,31 @@ def test_session_refuses_a_turn_whose_lengths_disagree(qwen3_tokenizer_dir):
     with pytest.raises(BackendError, match="3 token ids but 2 logprobs"):
         asyncio.run(session.generate())
     assert session.response_ids == [] and session.response_logprobs == []
+
+
+def test_vllm_adapter_rereads_the_model_after_a_restart_on_another_model():
+    """A vLLM restarted at the same address on other weights serves another model name; the
+    worker's cached name gets a 404 once, then the adapter reads /v1/models again."""
+    from prorl_celery.llm import backends
+
+    seen = []
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "policy-v2", "max_model_len": 4096}]})
+        model = __import__("json").loads(request.content)["model"]
+        seen.append(model)
+        if model != "policy-v2":
+            return httpx.Response(404, json={"message": f"The model `{model}` does not exist."})
+        return httpx.Response(200, json={"choices": [{"token_ids": [5, 6], "finish_reason": "stop",
+                                                      "logprobs": {"token_logprobs": [-0.5, -0.25]}}]})
+
+    address = "http://restarted:8000/v1"
+    backends._model_cards[address] = {"id": "policy-v1"}  # what the worker read before the restart
+
+    async def go() -> Completion:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(vllm)) as client:
+            return await VLLMBackend(address, client).complete([1, 2], {"max_tokens": 4})
+    completion = asyncio.run(go())
+    assert seen == ["policy-v1", "policy-v2"] and completion.token_ids == [5, 6]
+    assert completion.logprobs == [-0.5, -0.25]

@@ -78,8 +78,14 @@ class _HTTPBackend:
         except httpx.HTTPError as error:
             raise BackendError(f"LLM server {self.address} unreachable: {type(error).__name__}: {error}") from error
         if response.status_code != 200:
-            raise BackendError(f"LLM server {self.address} answered {response.status_code}: {response.text[:500]}")
+            raise BackendError(f"LLM server {self.address} answered {response.status_code}: {response.text[:500]}",
+                               status_code=response.status_code)
         return response.json()
+
+    def forget_model_card(self) -> None:
+        """The server at this address was restarted, maybe on other weights or another length."""
+        _model_cards.pop(self.address, None)
+        _context_lengths.pop(self.address, None)
 
     async def _model_card(self) -> dict[str, Any]:
         card = _model_cards.get(self.address)
@@ -113,7 +119,15 @@ class VLLMBackend(_HTTPBackend):
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
         body = {**_sampler(params, self.protocol), "model": await self._model_name(), "prompt": prompt_ids,
                 "logprobs": 0, "return_token_ids": True, "n": 1, "stream": False}
-        choice = (await self._post(body))["choices"][0]
+        try:
+            reply = await self._post(body)
+        except BackendError as error:
+            if error.status_code != 404:
+                raise
+            # the model name this worker cached is gone: the server was restarted on another model
+            self.forget_model_card()
+            reply = await self._post({**body, "model": await self._model_name()})
+        choice = reply["choices"][0]
         token_ids = choice.get("token_ids")
         if token_ids is None:
             raise BackendError(f"{self.address} returned no token_ids: vLLM >= 0.10.2 is required")
