@@ -46,14 +46,21 @@ def check_vllm_python(python: str) -> str | None:
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
 
 
+#: the worker extension (``prorl_celery/integrations/vllm_ext/prorl_vllm_worker.py``) vLLM's
+#: workers load: it imports only torch and vLLM, so its directory alone goes on their path
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "integrations" / "vllm_ext"
+WORKER_EXTENSION_CLS = "prorl_vllm_worker.ProrlWorkerExtension"
+
+
 def vllm_env(kv_cache_gib: int = 1, cpus: str | None = None, dev_mode: bool = True) -> dict[str, str]:
     """Environment for a small CPU server: ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; vLLM
     takes a large share of RAM without it), the cores its OpenMP threads bind to (``cpus``,
     e.g. ``"1"``; default vLLM's ``auto``), and ``VLLM_SERVER_DEV_MODE`` for the weight-update
-    endpoints (``/pause``, ``/resume``, ``/update_weight_version``, ``/collective_rpc``)."""
+    endpoints (``/pause``, ``/resume``, ``/update_weight_version``, ``/collective_rpc``).
+    ``PYTHONPATH`` is only the worker extension's directory (see :func:`vllm_command`)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
+           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(WORKER_EXTENSION_DIR)}
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     return env
@@ -63,7 +70,13 @@ def vllm_command(python: str, model: str, port: int | str, max_model_len: int = 
                  host: str = "127.0.0.1") -> list[str]:
     """The OpenAI-compatible server on ``model`` (float32, eager: what the CPU backend runs
     best for a tiny model). ``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
-    console script of the CPU wheel does not start."""
+    console script of the CPU wheel does not start.
+
+    ``--worker-extension-cls`` adds ``prorl_reload_weights`` to the workers (needs the
+    ``PYTHONPATH`` of :func:`vllm_env`): an in-place reload that also rebuilds the CPU GEMM
+    handles a plain ``reload_weights`` leaves stale (the tied LM head), so tokens after a weight
+    update are exactly the new policy's. :class:`prorl_celery.weights.VLLMWeightSync` uses it
+    when the server has it."""
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
             "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
-            "--disable-uvicorn-access-log"]
+            "--disable-uvicorn-access-log", "--worker-extension-cls", WORKER_EXTENSION_CLS]

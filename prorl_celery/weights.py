@@ -6,8 +6,13 @@ safetensors) and calls :meth:`VLLMWeightSync.update`. For every server, with vLL
 
 1. ``POST /pause?mode=keep``: generation stops between engine steps; requests in flight stay
    (their KV cache too), nothing is aborted;
-2. ``POST /collective_rpc`` ``reload_weights`` with ``weights_path``: the workers load the
-   directory in place;
+2. ``POST /collective_rpc`` ``prorl_reload_weights`` (our worker extension, which
+   :mod:`prorl_celery.vllmcpu` starts vLLM with) or, on a server without it, vLLM's own
+   ``reload_weights``, with ``weights_path``: the workers load the directory in place. On vLLM's
+   CPU backend the plain ``reload_weights`` leaves the tied LM head computing with the old
+   weights (its oneDNN handle is built once from them); the extension rebuilds it, so tokens
+   after the update are exactly the new policy's (see
+   ``prorl_celery/integrations/vllm_ext/prorl_vllm_worker.py``);
 3. ``POST /reset_prefix_cache?reset_running_requests=true``: the KV cache of every cached prefix
    and of the requests in flight was computed by the old weights; the requests in flight are
    preempted and recompute their context with the new ones, so every token generated after the
@@ -42,6 +47,9 @@ class WeightUpdate:
     paused_s: float
     reload_s: float
     steps: dict[str, float] = field(default_factory=dict)
+    #: the collective_rpc method each server reloaded with (``prorl_reload_weights`` or
+    #: ``reload_weights``)
+    methods: dict[str, str] = field(default_factory=dict)
 
 
 def server_base(address: str) -> str:
@@ -53,7 +61,15 @@ def server_base(address: str) -> str:
 class VLLMWeightSync:
     """Pushes weights to vLLM servers and tells the gateway which policy version they serve."""
 
-    def __init__(self, gateway_url: str, *, token: str | None = None, timeout_s: float = 600.0) -> None:
+    #: tried first; a server without the worker extension answers that it has no such method
+    EXTENSION_METHOD = "prorl_reload_weights"
+
+    def __init__(self, gateway_url: str, *, token: str | None = None, timeout_s: float = 600.0,
+                 reload_method: str | None = None) -> None:
+        """``reload_method``: the collective_rpc method to reload with; default: the worker
+        extension's ``prorl_reload_weights`` where the server has it, else ``reload_weights``."""
+        self.reload_method = reload_method
+        self._methods: dict[str, str] = {}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.gateway = httpx.Client(base_url=gateway_url.rstrip("/"), headers=headers, timeout=timeout_s)
         self.http = httpx.Client(timeout=timeout_s)
@@ -83,8 +99,7 @@ class VLLMWeightSync:
             steps["pause"] = time.monotonic() - started
             reload_started = time.monotonic()
             for base in bases:
-                self._post(base, "/collective_rpc", "reload_weights",
-                           json={"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
+                self._reload(base, str(weights_dir))
                 if recompute_in_flight:
                     reply = self._post(base, "/reset_prefix_cache", "reset_prefix_cache",
                                        params={"reset_running_requests": "true"})
@@ -109,7 +124,26 @@ class VLLMWeightSync:
             steps["resume"] = time.monotonic() - resume_started
             if failures:
                 raise WeightSyncError("; ".join(failures))
-        return WeightUpdate(version, list(servers), time.monotonic() - started, reload_s, steps)
+        return WeightUpdate(version, list(servers), time.monotonic() - started, reload_s, steps,
+                            {base: self._methods.get(base, "") for base in bases})
+
+    def _reload(self, base: str, weights_dir: str) -> None:
+        method = self.reload_method or self._methods.get(base) or self.EXTENSION_METHOD
+        body = {"method": method, "kwargs": {"weights_path": weights_dir}}
+        if method == self.EXTENSION_METHOD and self.reload_method is None and base not in self._methods:
+            try:
+                reply = self.http.post(base + "/collective_rpc", json=body)
+            except httpx.HTTPError as error:
+                raise WeightSyncError(f"{base}: reload_weights failed: {type(error).__name__}: {error}") from error
+            if reply.status_code == 200:
+                self._methods[base] = method
+                return
+            # a server started without the worker extension (vLLM answers 500 for a method its
+            # workers lack); any other failure shows again in the plain reload below
+            method = "reload_weights"
+            body["method"] = method
+        self._post(base, "/collective_rpc", method, json=body)
+        self._methods[base] = method
 
     def _post(self, base: str, path: str, step: str, **request: object) -> httpx.Response:
         try:
