@@ -8,8 +8,9 @@ prorl:job:<id>                     hash    job record: task, status, payload, st
                                            durations (init_s, run_s, eval_s), backend, result,
                                            lease_until of the executing stage, <stage>_node
                                            (where it ran), run_queue (run.<node> if node-local)
-prorl:job:<id>:done                stream  one entry when the job ends; waiters XREAD it, so a
-                                           waiter that arrives late still sees it
+prorl:jobs:ended                   stream  {job, status} for every job that ends (capped at
+                                           JOBS_ENDED_MAXLEN); one listener per process tails it
+                                           and wakes that process's waiters (waiting.py)
 prorl:jobs:recent                  zset    job id -> creation time (trimmed), for listings
 prorl:jobs:active                  set     ids of jobs not yet ended (for /stop and reapers)
 prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
@@ -42,6 +43,8 @@ PREFIX = "prorl:"
 
 RECENT_JOBS = PREFIX + "jobs:recent"
 ACTIVE_JOBS = PREFIX + "jobs:active"
+JOBS_ENDED = PREFIX + "jobs:ended"
+JOBS_ENDED_MAXLEN = 100_000  # also written in lua/transition.lua
 STATUS_COUNTS = PREFIX + "stats:status"
 MINUTE_STATS = PREFIX + "stats:minute:"  # + the minute's start in unix seconds
 MINUTE_STATS_TTL_S = 2 * 3600  # the dashboard charts the last hour
@@ -59,10 +62,6 @@ CANCEL_CHANNEL = PREFIX + "cancel"
 
 def job(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
-
-
-def job_done(job_id: str) -> str:
-    return f"{PREFIX}job:{job_id}:done"
 
 
 def minute_stats(minute_start: int) -> str:

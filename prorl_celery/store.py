@@ -7,6 +7,7 @@ still leave exactly one outcome.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,9 +17,9 @@ from typing import Any
 import redis
 
 from . import keys
-from .connection import BLOCK_CHUNK_S
 from .errors import JobNotFound, ServiceStopped
 from .status import ALLOWED_FROM, JobStatus, Stage
+from .waiting import CompletionWaiter
 
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
@@ -31,6 +32,7 @@ FLOAT_FIELDS = frozenset(
 RECENT_JOBS_KEPT = 100_000
 #: how long a transition keeps retrying while Redis is unreachable (a restart), before it raises
 REDIS_OUTAGE_S = 30.0
+_waiter_lock = threading.Lock()
 
 
 def load_script(client: redis.Redis, name: str):
@@ -81,11 +83,6 @@ def decode_record(raw: dict[str, str]) -> dict[str, Any]:
     return record
 
 
-def _first_entry(xread_reply: Any) -> dict[str, str]:
-    """Fields of the first entry of an XREAD reply (RESP2: [[stream, [(id, fields)]]])."""
-    return xread_reply[0][1][0][1]
-
-
 class JobStore:
     """Job state in Redis. Thread-safe; share one per process."""
 
@@ -94,6 +91,7 @@ class JobStore:
         self.result_ttl_s = result_ttl_s
         self._create = load_script(client, "create_job")
         self._transition = load_script(client, "transition")
+        self._waiter: CompletionWaiter | None = None
 
     # -- creation and reading ---------------------------------------------------------------
 
@@ -145,7 +143,7 @@ class JobStore:
         # each transition writes its own token, so that after a lost reply we can tell whether it
         # happened: a Redis restart must neither strand the job nor move it twice
         token = uuid.uuid4().hex
-        job_keys = [keys.job(job_id), keys.STATUS_COUNTS, keys.job_done(job_id), keys.ACTIVE_JOBS]
+        job_keys = [keys.job(job_id), keys.STATUS_COUNTS, keys.JOBS_ENDED, keys.ACTIVE_JOBS]
         args = [job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s, int(with_record),
                 "" if attempt is None else attempt, keys.MINUTE_STATS, keys.MINUTE_STATS_TTL_S,
                 *_encode({**(fields or {}), "transition_id": token})]
@@ -232,24 +230,22 @@ class JobStore:
     def wait(self, job_id: str, timeout_s: float, *, exists: bool = False) -> JobStatus:
         """Block until the job ends or ``timeout_s`` passes; returns its status then.
 
-        Reads the completion stream from its start, so a job that ended before the call is
-        seen at once; no message can be missed as with pub/sub. ``exists``: the caller has just
-        created the job, so the first status read is skipped.
+        The wait holds no Redis connection: this process's one listener wakes it when the job
+        ends (:mod:`prorl_celery.waiting`), and its status is read before blocking, so a job
+        that ended before the call is seen at once. ``exists``: the caller has just created
+        the job, so the first status read is skipped.
         """
-        deadline = time.monotonic() + timeout_s
-        read_status = not exists
-        while True:
-            if read_status:
-                status = self.status(job_id)
-                if status is None:
-                    raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
-                if status.terminal or time.monotonic() >= deadline:
-                    return status
-            read_status = True
-            block_ms = max(1, int(min(deadline - time.monotonic(), BLOCK_CHUNK_S) * 1000))
-            reply = self.redis.xread({keys.job_done(job_id): "0-0"}, count=1, block=block_ms)
-            if reply:  # the stream's single entry is written as the job ends and names its status
-                return JobStatus(_first_entry(reply)["status"])
+        status = self.waiter.wait(job_id, timeout_s, lambda: self.status(job_id), skip_first_read=exists)
+        if status is None:
+            raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
+        return status
+
+    @property
+    def waiter(self) -> CompletionWaiter:
+        with _waiter_lock:
+            if self._waiter is None:
+                self._waiter = CompletionWaiter(self.redis)
+            return self._waiter
 
     # -- service state and statistics ------------------------------------------------------------
 

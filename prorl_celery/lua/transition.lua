@@ -1,7 +1,7 @@
 -- Move a job to a new status when its current status allows it, with PausableTimer accounting.
 -- KEYS[1] prorl:job:<id>          job record (hash): status, budget_s, active_s, resumed_at, <stage>_s
 -- KEYS[2] prorl:stats:status      status counters (hash)
--- KEYS[3] prorl:job:<id>:done     completion stream, one entry when the job ends
+-- KEYS[3] prorl:jobs:ended        stream of ended jobs ({job, status}; capped), tailed by waiters
 -- KEYS[4] prorl:jobs:active       ids of jobs not yet ended (set)
 -- ARGV[1] job id
 -- ARGV[2] target status
@@ -54,9 +54,8 @@ redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 if ARGV[5] == '1' then
   redis.call('SREM', KEYS[4], ARGV[1])
-  redis.call('XADD', KEYS[3], '*', 'status', ARGV[2])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'job', ARGV[1], 'status', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
-  redis.call('EXPIRE', KEYS[3], ARGV[6])
   if ARGV[9] ~= '' then
     -- exact per-minute throughput and reward for the dashboard, by the Redis clock
     local minute = ARGV[9] .. string.format('%d', math.floor(now / 60) * 60)

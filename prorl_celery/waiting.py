@@ -1,0 +1,143 @@
+"""Waiting for jobs to end: one Redis connection per process, however many waiters.
+
+Every transition to a terminal status appends ``{job, status}`` to one stream
+(``keys.JOBS_ENDED``, capped). One listener per process tails it with ``XREAD BLOCK`` and wakes
+the local waiters of each job named there; a waiter holds only an event, never a Redis
+connection (and, under the gateway's gevent worker, never an OS thread either: the event and
+the socket are cooperative). 2,000 clients blocked in ``/process`` cost one connection and one
+``XREAD`` per batch of jobs that end, not 2,000 blocking reads.
+
+No ending can be missed: a waiter registers before it reads the job's status, and the
+listener's cursor is taken before the first registration, so an ending either precedes the
+status read (seen there) or follows the cursor (seen by the listener). The stream is capped and
+Redis can restart, so the listener also re-reads the status of every waited-on job every
+``sweep_s`` (one pipelined round trip) and wakes those that ended.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from . import keys
+from .connection import BLOCK_CHUNK_S
+from .status import JobStatus
+
+log = logging.getLogger(__name__)
+TERMINAL = frozenset(s.value for s in JobStatus if s.terminal)
+
+
+class CompletionWaiter:
+    def __init__(self, client: redis.Redis, sweep_s: float = 5.0) -> None:
+        self.redis = client
+        self.sweep_s = sweep_s
+        self._events: dict[str, list[threading.Event]] = {}
+        #: status named by the stream for a job being waited on (spares the waiter a re-read)
+        self._ended: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._cursor: str | None = None
+        self._stop = threading.Event()
+
+    def wait(self, job_id: str, timeout_s: float, read_status: Callable[[], JobStatus | None], *,
+             skip_first_read: bool = False) -> JobStatus | None:
+        """Block until ``read_status()`` is terminal or ``timeout_s`` passes; returns the last
+        status read (None: the job does not exist)."""
+        deadline = time.monotonic() + timeout_s
+        event = threading.Event()
+        self._ensure_started()
+        with self._lock:
+            self._events.setdefault(job_id, []).append(event)
+        try:
+            status: JobStatus | None = None
+            first = True
+            while True:
+                event.clear()
+                if not (first and skip_first_read):
+                    status = read_status()
+                    if status is None or status.terminal or time.monotonic() >= deadline:
+                        return status
+                first = False
+                event.wait(max(0.0, deadline - time.monotonic()))
+                with self._lock:
+                    ended = self._ended.get(job_id)
+                if ended is not None:
+                    return JobStatus(ended)
+                if time.monotonic() >= deadline and not event.is_set():
+                    return read_status()
+        finally:
+            with self._lock:
+                waiting = self._events.get(job_id, [])
+                if event in waiting:
+                    waiting.remove(event)
+                if not waiting:
+                    self._events.pop(job_id, None)
+                    self._ended.pop(job_id, None)
+
+    def waiting(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._events.values())
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # -- the listener ------------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            if self._cursor is None:  # before any waiter reads a status: see the module doc
+                self._cursor = self._last_id()
+            self._thread = threading.Thread(target=self._listen, name="prorl-waiter", daemon=True)
+            self._thread.start()
+
+    def _last_id(self) -> str:
+        newest = self.redis.xrevrange(keys.JOBS_ENDED, count=1)
+        return newest[0][0] if newest else "0-0"
+
+    def _wake(self, job_ids: list[str], statuses: list[str] | None = None) -> None:
+        events = []
+        with self._lock:
+            for index, job_id in enumerate(job_ids):
+                waiting = self._events.get(job_id)
+                if waiting:
+                    events += waiting
+                    if statuses is not None:
+                        self._ended[job_id] = statuses[index]
+        for event in events:
+            event.set()
+
+    def _listen(self) -> None:
+        next_sweep = time.monotonic() + self.sweep_s
+        while not self._stop.is_set():
+            try:
+                block_ms = int(max(0.05, min(BLOCK_CHUNK_S, next_sweep - time.monotonic())) * 1000)
+                reply = self.redis.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000, block=block_ms)
+                if reply:
+                    entries = reply[0][1]
+                    self._cursor = entries[-1][0]
+                    self._wake([fields.get("job", "") for _, fields in entries],
+                               [fields.get("status", "") for _, fields in entries])
+                if time.monotonic() >= next_sweep:
+                    self._sweep()
+                    next_sweep = time.monotonic() + self.sweep_s
+            except redis.RedisError as error:
+                if self._stop.is_set():
+                    return
+                log.warning("completion listener lost Redis (%s); reconnecting", error)
+                self._stop.wait(0.5)
+                next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
+
+    def _sweep(self) -> None:
+        with self._lock:
+            job_ids = list(self._events)
+        if not job_ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        self._wake([j for j, status in zip(job_ids, pipe.execute()) if status is None or status in TERMINAL])

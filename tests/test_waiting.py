@@ -1,0 +1,82 @@
+"""Waiting on jobs: one listener per process wakes every waiter, none holds a Redis connection,
+no ending is missed (ended before the wait, during it, or outside the stream)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from prorl_celery import keys
+from prorl_celery.status import JobStatus
+from prorl_celery.store import JobStore
+from prorl_celery.waiting import CompletionWaiter
+
+
+@pytest.fixture
+def store(redis_url: str):
+    client = redis.Redis.from_url(redis_url + "/5", decode_responses=True)
+    client.flushdb()
+    store = JobStore(client, result_ttl_s=60)
+    yield store
+    store.waiter.close()
+
+
+def new_job(store: JobStore, job_id: str) -> None:
+    store.create(job_id, {"task": "noop", "budget_s": 60})
+
+
+def test_ended_before_and_during_the_wait(store: JobStore) -> None:
+    new_job(store, "before")
+    assert store.finish("before", JobStatus.CANCELLED).ok
+    assert store.wait("before", 5) is JobStatus.CANCELLED
+    new_job(store, "during")
+    threading.Timer(0.3, lambda: store.finish("during", JobStatus.CANCELLED)).start()
+    started = time.monotonic()
+    assert store.wait("during", 10, exists=True) is JobStatus.CANCELLED
+    assert time.monotonic() - started < 2.0
+    new_job(store, "slow")
+    assert store.wait("slow", 0.3) is JobStatus.PENDING_INIT  # the timeout returns the status then
+
+
+def test_many_waiters_share_one_connection(store: JobStore) -> None:
+    ids = [f"job{i}" for i in range(300)]
+    for job_id in ids:
+        new_job(store, job_id)
+    def blocked() -> list[dict]:
+        return [c for c in store.redis.client_list() if "b" in c.get("flags", "")]
+    store.waiter.wait("job0", 0.01, lambda: store.status("job0"))  # the listener is up
+    before = len(blocked())
+    results: dict[str, JobStatus] = {}
+    threads = [threading.Thread(target=lambda j=j: results.__setitem__(j, store.wait(j, 30))) for j in ids]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while store.waiter.waiting() < len(ids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.waiter.waiting() == len(ids)
+    assert len(blocked()) <= before, blocked()  # the listener's one XREAD, not one per waiter
+    for job_id in ids:
+        assert store.finish(job_id, JobStatus.CANCELLED).ok
+    for thread in threads:
+        thread.join(10)
+    assert results == {j: JobStatus.CANCELLED for j in ids}
+    assert store.waiter.waiting() == 0
+
+
+def test_an_ending_outside_the_stream_is_found_by_the_sweep(store: JobStore) -> None:
+    waiter = CompletionWaiter(store.redis, sweep_s=0.3)
+    new_job(store, "quiet")
+    threading.Timer(0.2, lambda: store.redis.hset(keys.job("quiet"), "status", "cancelled")).start()
+    started = time.monotonic()
+    assert waiter.wait("quiet", 10, lambda: store.status("quiet")) is JobStatus.CANCELLED
+    assert time.monotonic() - started < 3.0
+    waiter.close()
+
+
+def test_unknown_job(store: JobStore) -> None:
+    from prorl_celery.errors import JobNotFound
+
+    with pytest.raises(JobNotFound):
+        store.wait("nope", 1)
