@@ -1,13 +1,21 @@
 """The gateway: ``gunicorn -c python:api.gunicorn_conf 'api:create_app()'``."""
 from __future__ import annotations
 
-from flask import Flask
+from typing import TYPE_CHECKING
 
-from prorl_celery.settings import Settings, get_settings
+if TYPE_CHECKING:  # importing the service here would load it into gunicorn's master, before the
+    # gevent worker monkey-patches: its module-level locks would then block the whole worker
+    from flask import Flask
+
+    from prorl_celery.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> Flask:
+def create_app(settings: "Settings | None" = None) -> "Flask":
     """Build the Flask app; configuration comes from ``PRORL_*`` environment variables."""
+    from flask import Flask
+
+    from prorl_celery.settings import get_settings
+
     from . import auth, dashboard, errors, routes, status_views
 
     from handlers import load_handlers

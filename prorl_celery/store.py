@@ -233,9 +233,10 @@ class JobStore:
         The wait holds no Redis connection: this process's one listener wakes it when the job
         ends (:mod:`prorl_celery.waiting`), and its status is read before blocking, so a job
         that ended before the call is seen at once. ``exists``: the caller has just created
-        the job, so the first status read is skipped.
+        the job; its status is read all the same (after registering the wait), since a short job
+        may have ended already.
         """
-        status = self.waiter.wait(job_id, timeout_s, lambda: self.status(job_id), skip_first_read=exists)
+        status = self.waiter.wait(job_id, timeout_s, lambda: self.status(job_id))
         if status is None:
             raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
         return status

@@ -80,3 +80,17 @@ def test_unknown_job(store: JobStore) -> None:
 
     with pytest.raises(JobNotFound):
         store.wait("nope", 1)
+
+
+def test_gunicorn_config_loads_nothing_of_the_service() -> None:
+    """gunicorn's master imports the config before the gevent worker monkey-patches: a service
+    module imported there would keep unpatched locks that freeze a worker's greenlets."""
+    import subprocess
+    import sys
+
+    code = ("import sys, api.gunicorn_conf\n"
+            "print(','.join(sorted({m.split('.')[0] for m in sys.modules} & {'prorl_celery', 'redis', 'celery', 'kombu', 'flask'})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == ""
+    assert subprocess.run([sys.executable, "-c", "import gunicorn.config; import api.gunicorn_conf as c; "
+                           "assert c.worker_class in ('gevent', 'gthread')"], timeout=60).returncode == 0
