@@ -220,41 +220,146 @@ def llm_spread(log: list[dict[str, Any]]) -> dict[str, float]:
             "llm_last_answer_s": max(g["finished"] or g["started"] for g in log) - first}
 
 
-async def floor(cluster: LocalCluster, size: int, tag: str, prompt_ids: list[int]) -> float:
+class LightHTTP:
+    """A minimal asyncio HTTP/1.1 client, one connection per request.
+
+    The benchmark's client shares the two cores with the service: httpx costs 5-15 ms of CPU per
+    request at a thousand connections, which would bill the client's cost to whatever it
+    measures. This one costs a fraction of that, and is used the same way on every side."""
+
+    def __init__(self, base: str, concurrency: int | None = None) -> None:
+        host_port = base.removeprefix("http://").split("/", 1)[0]
+        self.host, port = host_port.rsplit(":", 1)
+        self.port = int(port)
+        self._slots = asyncio.Semaphore(concurrency) if concurrency else None
+
+    async def request(self, method: str, path: str, body: Any = None, retries: int = 20) -> tuple[int, Any]:
+        if self._slots is None:
+            return await self._request(method, path, body, retries)
+        async with self._slots:
+            return await self._request(method, path, body, retries)
+
+    async def _request(self, method: str, path: str, body: Any, retries: int) -> tuple[int, Any]:
+        payload = json.dumps(body).encode() if body is not None else b""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+        for attempt in range(retries):
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                break
+            except OSError:  # a full accept backlog refuses: retry as any client would
+                await asyncio.sleep(0.05 * (attempt + 1))
+        else:
+            raise ConnectionError(f"cannot connect to {self.host}:{self.port}")
+        try:
+            writer.write(head + payload)
+            status_line = await reader.readline()
+            status = int(status_line.split()[1])
+            length, chunked = None, False
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                name = name.strip().lower()
+                if name == "content-length":
+                    length = int(value)
+                elif name == "transfer-encoding" and "chunked" in value.lower():
+                    chunked = True
+            if chunked:
+                data = b""
+                while (size := int((await reader.readline()).strip() or b"0", 16)):
+                    data += await reader.readexactly(size)
+                    await reader.readline()
+            elif length is not None:
+                data = await reader.readexactly(length)
+            else:
+                data = await reader.read()
+        finally:
+            writer.close()
+        return status, json.loads(data) if data else None
+
+
+async def floor(cluster: LocalCluster, size: int, tag: str, prompt_ids: list[int], t0: list[float]) -> tuple[float, list]:
     """The same burst straight to the scripted server: no service in between."""
-    limits = httpx.Limits(max_connections=size + 8, max_keepalive_connections=size + 8)
-    url = llm_base(cluster) + "/v1/completions"
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def one(i: int) -> None:
-            response = await client.post(url, json={"model": "m", "prompt": prompt_ids, "max_tokens": 64,
-                                                    "temperature": 0.0, "logprobs": 0, "return_token_ids": True})
-            response.raise_for_status()
+    client = LightHTTP(llm_base(cluster))
+    body = {"model": "m", "prompt": prompt_ids, "max_tokens": 64, "temperature": 0.0, "logprobs": 0,
+            "return_token_ids": True}
+
+    async def one(i: int) -> None:
+        status, reply = await client.request("POST", "/v1/completions", body)
+        if status != 200:
+            raise RuntimeError(f"the LLM server answered {status}: {reply}")
+    t0.append(time.time())
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(size)))
+    return time.perf_counter() - started, []
+
+
+def job_ids(tag: str, size: int) -> list[str]:
+    return [f"{tag.replace(' ', '-')}-{os.getpid()}-{time.time_ns()}-{i}" for i in range(size)]
+
+
+async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float]) -> tuple[float, list[dict]]:
+    """submit_many (POST /jobs in batches), then every job's GET /jobs/<id>?wait=, all at once."""
+    from prorl_celery.client import AsyncRolloutClient, JobRequest
+
+    ids = job_ids(tag, size)
+    gateway = LightHTTP(cluster.gateway_url)
+
+    async def result(job_id: str) -> dict:
+        while True:
+            status, reply = await gateway.request("GET", f"/jobs/{job_id}?wait=600")
+            if status == 200:
+                return reply
+            if status != 202:
+                raise RuntimeError(f"GET /jobs/{job_id}: {status} {reply}")
+    async with AsyncRolloutClient(cluster.gateway_url, timeout_s=600) as client:
+        requests = [JobRequest(instance(tag, i), SAMPLING, job_id, None, None) for i, job_id in enumerate(ids)]
+        t0.append(time.time())
         started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(size)))
-        return time.perf_counter() - started
-
-
-async def batched(cluster: LocalCluster, size: int, tag: str) -> tuple[float, list[dict]]:
-    from prorl_celery.client import AsyncRolloutClient, JobRequest, new_job_id
-
-    async with AsyncRolloutClient(cluster.gateway_url, timeout_s=600, max_waits=min(size, 256)) as client:
-        requests = [JobRequest(instance(tag, i), SAMPLING, new_job_id(), None, None) for i in range(size)]
-        started = time.perf_counter()
-        ids = await client.submit_many(requests)
-        results = await client.wait_all(ids)
-        return time.perf_counter() - started, results
-
-
-async def process(cluster: LocalCluster, size: int, tag: str) -> tuple[float, list[dict]]:
-    limits = httpx.Limits(max_connections=size + 8, max_keepalive_connections=size + 8)
-    async with httpx.AsyncClient(base_url=cluster.gateway_url, timeout=900, limits=limits) as client:
-        async def one(i: int) -> dict:
-            response = await client.post("/process", json={"instance": instance(tag, i), "sampling_params": SAMPLING})
-            response.raise_for_status()
-            return response.json()
-        started = time.perf_counter()
-        results = await asyncio.gather(*(one(i) for i in range(size)))
+        await client.submit_many(requests)
+        results = await asyncio.gather(*(result(job_id) for job_id in ids))
         return time.perf_counter() - started, list(results)
+
+
+async def process(cluster: LocalCluster, size: int, tag: str, t0: list[float]) -> tuple[float, list[dict]]:
+    """One blocking POST /process per job, all at once."""
+    gateway = LightHTTP(cluster.gateway_url)
+    ids = job_ids(tag, size)
+
+    async def one(i: int) -> dict:
+        status, reply = await gateway.request("POST", "/process", {"instance": instance(tag, i), "job_id": ids[i],
+                                                                   "sampling_params": SAMPLING})
+        if status != 200:
+            raise RuntimeError(f"POST /process: {status} {reply}")
+        return reply
+    t0.append(time.time())
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(size)))
+    return time.perf_counter() - started, list(results)
+
+
+def admitted_s(cluster: LocalCluster, results: list[dict], t0: float) -> float | None:
+    """When the last job of the burst was created in Redis, from the burst's start."""
+    import redis
+
+    if not results:
+        return None
+    client = redis.Redis.from_url(cluster.state_url, decode_responses=True)
+    pipe = client.pipeline(transaction=False)
+    for result in results:
+        pipe.hget(f"prorl:job:{result['job_id']}", "created_at")
+    created = [float(v) for v in pipe.execute() if v]
+    return max(created) - t0 if created else None
+
+
+def run_async(coro: Any) -> Any:
+    """On uvloop's loop when installed (cheaper per connection), as the workers run theirs."""
+    from prorl_celery.aio import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
 
 
 def prompt_of_job(cluster: LocalCluster, tokenizer: str) -> list[int]:
@@ -279,13 +384,14 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
                                                         ("eval", named(cluster, "eval-")),
                                                         ("llm", named(cluster, "llm")))}
     own_before = time.process_time()
+    t0: list[float] = []
     with Sampler({"gateway": gateway, "run": run_worker}) as sampler:
         if style == "floor":
-            makespan, results = asyncio.run(floor(cluster, size, tag, prompt_ids)), []
+            makespan, results = run_async(floor(cluster, size, tag, prompt_ids, t0))
         elif style == "batched":
-            makespan, results = asyncio.run(batched(cluster, size, tag))
+            makespan, results = run_async(batched(cluster, size, tag, t0))
         else:
-            makespan, results = asyncio.run(process(cluster, size, tag))
+            makespan, results = run_async(process(cluster, size, tag, t0))
     own_cpu = time.process_time() - own_before
     cpu = {name: group_cpu_s(named(cluster, prefix)) - cpu_before[name]
            for name, prefix in (("gateway", "gateway"), ("run", "run-"), ("init", "init-"), ("eval", "eval-"),
@@ -295,12 +401,12 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
     bad = [r for r in results if r.get("status") != "completed"]
     row = {"size": size, "style": style, "makespan_s": makespan, "ratio": makespan / plan.delay_s,
            "peak_in_flight": peak_in_flight(log), "llm_requests": len(log), **llm_spread(log),
-           "not_completed": len(bad), "example_error": (bad[0].get("error") if bad else None),
+           "admitted_s": admitted_s(cluster, results, t0[0]), "not_completed": len(bad), "example_error": (bad[0].get("error") if bad else None),
            "gateway_rss_idle_mb": idle["gateway_rss_mb"], "gateway_rss_peak_mb": sampler.peak["gateway"],
            "run_rss_idle_mb": idle["run_rss_mb"], "run_rss_peak_mb": sampler.peak["run"],
            "cpu_ms_per_job": {k: v * 1e3 / size for k, v in cpu.items()}}
     print(f"  {size:>5} {style:<8} makespan {makespan:6.2f} s ({row['ratio']:.2f}x ideal), peak in flight "
-          f"{row['peak_in_flight']}, gateway {row['gateway_rss_peak_mb']:.0f} MB, RUN {row['run_rss_peak_mb']:.0f} MB, "
+          f"{row['peak_in_flight']}, all admitted after {row['admitted_s'] or 0:.2f} s, gateway {row['gateway_rss_peak_mb']:.0f} MB, RUN {row['run_rss_peak_mb']:.0f} MB, "
           f"RUN CPU {row['cpu_ms_per_job']['run']:.1f} ms/job, arrivals at the LLM over "
           f"{row.get('llm_last_arrival_s', 0):.2f} s" + (f", {len(bad)} not completed" if bad else ""),
           file=sys.stderr, flush=True)
@@ -329,7 +435,7 @@ def run(plan: Plan) -> dict[str, Any]:
             prompt_ids = prompt_of_job(cluster, tokenizer)
             if plan.warmup and {"batched", "process"} & set(plan.styles):
                 started = time.perf_counter()
-                asyncio.run(batched(cluster, size, "BURSTWARM"))
+                run_async(batched(cluster, size, "BURSTWARM", []))
                 info["warmup_s"] = time.perf_counter() - started
             info["run_rss_warm_mb"] = group_rss_mb(run_worker)
             result["clusters"].append(info)
