@@ -380,7 +380,7 @@ def test_init_checks_out_base_commit_and_a_failed_run_keeps_its_patch(sandbox_di
             assert job.run_result["finish_reason"] == "error" and "backend went away" in job.run_result["error"]
             assert patch.startswith("diff --git a/NOTES.txt b/NOTES.txt") and '+    (900, "CM"),' in patch
             assert "__pycache__" not in patch  # ignored by the repository's .gitignore
-            assert handler.final_result(job) == {"artifacts": {"patch": patch}}
+            assert handler.final_result(job) == {"artifacts": {"patch": patch}, "git_patch": patch}
             result = await handler.eval(job)
             assert result.reward == 1.0, result.details
     run(body())
