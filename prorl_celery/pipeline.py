@@ -137,7 +137,7 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         request = handler.sandbox_request(job)
         if request is not None:
             sandbox = await bounded(job, cancelled, services.sandboxes.start(job.job_id, request))
-            store.update(job.job_id, {"sandbox": sandbox})
+            store.update(job.job_id, {"sandbox": sandbox}, status=JobStatus.INIT, attempt=job.attempt)
         async with tool_client(sandbox) as job.sandbox:
             job.init_result = await bounded(job, cancelled, handler.init(job))
     except JobCancelled:
@@ -233,7 +233,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
         if handler.uses_llm:
             assignment = await bounded(job, cancelled, wait_for_backend(services, job))
             store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
-                                      "generation": assignment.generation})
+                                      "generation": assignment.generation}, status=JobStatus.RUN, attempt=job.attempt)
             session = open_session(services, job, assignment)
             await bounded(job, cancelled, session.fit_backend_context())
         if record.get("sandbox"):

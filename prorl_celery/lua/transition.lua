@@ -4,7 +4,7 @@
 -- KEYS[3] prorl:jobs:ended        stream of ended jobs ({job, status}; capped), tailed by waiters
 -- KEYS[4] prorl:jobs:active       ids of jobs not yet ended (set)
 -- ARGV[1] job id
--- ARGV[2] target status
+-- ARGV[2] target status, or "" to only set the fields (ARGV[11..]) under the same guard
 -- ARGV[3] allowed current statuses, comma separated (from prorl_celery.status.ALLOWED_FROM)
 -- ARGV[4] timer operation: "resume" (a stage starts) | "pause" (a stage ends) | "none"
 -- ARGV[5] "1" when the target is terminal
@@ -15,7 +15,8 @@
 -- ARGV[9] key prefix of the per-minute ended-job counters (prorl:stats:minute:), "" for none
 -- ARGV[10] TTL in seconds of those counters
 -- ARGV[11..] field, value pairs to set on the job record
--- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success,
+-- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success
+--         ({1, current status} for a guarded write of fields only),
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
 -- Time comes from the Redis server so that workers on different nodes share one clock.
 local current = redis.call('HGET', KEYS[1], 'status')
@@ -27,6 +28,11 @@ end
 if not allowed then return {0, current} end
 if ARGV[8] ~= '' and (redis.call('HGET', KEYS[1], 'attempt') or '1') ~= ARGV[8] then
   return {0, current}
+end
+if ARGV[2] == '' then
+  -- a stage's own fields while it runs (sandbox, backend): never onto another attempt's job
+  if #ARGV > 10 then redis.call('HSET', KEYS[1], unpack(ARGV, 11)) end
+  return {1, current}
 end
 
 local t = redis.call('TIME')
