@@ -3,7 +3,7 @@
 The gateway parses and answers; this module decides what a job is. ``prepare`` checks one
 request (its task, instance, ``sampling_params`` split and budget) and raises ``BadRequest``
 naming the field; ``submit`` stores any number of prepared jobs in one Redis round trip and
-enqueues INIT for each one that is new.
+enqueues INIT for the new ones over one producer.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from handlers import UnknownTaskError, get_handler
 
-from .celery_app import enqueue
+from .celery_app import enqueue_many
 from .errors import BadRequest, ServiceStopped, UnknownTask
 from .sampling import UnresolvedTokenizer, resolve_tokenizer, split
 from .settings import Settings
@@ -98,11 +98,10 @@ def submit(store: JobStore, specs: list[JobSpec]) -> list[Submitted]:
     outcomes = store.create_many([(spec.job_id, spec.record()) for spec in specs])
     submitted = [Submitted(spec.job_id, created, status) for spec, (created, status) in zip(specs, outcomes)]
     new = [s.job_id for s in submitted if s.created]
-    for index, job_id in enumerate(new):
-        try:
-            enqueue(Stage.INIT, job_id)
-        except Exception as error:  # broker down: do not leave these jobs pending forever
-            for stranded in new[index:]:
-                store.finish(stranded, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
-            raise ServiceStopped(f"the broker is unreachable: {error}") from error
+    try:
+        enqueue_many(Stage.INIT, new)  # one producer and one pipelined round trip for them all
+    except Exception as error:  # broker down: do not leave these jobs pending forever
+        for stranded in new:  # any already published fails too: its INIT is then a no-op
+            store.finish(stranded, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
+        raise ServiceStopped(f"the broker is unreachable: {error}") from error
     return submitted
