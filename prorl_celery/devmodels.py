@@ -374,10 +374,11 @@ def ensure_vllm_model(tokenizer: str = "qwen3") -> Path:
                    lambda out: _build_vllm_model(tokenizer_dir, out))
 
 
-def sft_sequences(tokenizer_dir: Path) -> list[tuple[list[int], list[int]]]:
+def sft_sequences(tokenizer_dir: Path, problems=None) -> list[tuple[list[int], list[int]]]:
     """(ids, mask) of each SFT conversation exactly as the ``math`` agent loop builds it: the
     prompt rendered with the python tool, the tool call turn, the tool observation (the output
-    of the code, run here), the answer turn; mask 1 on the model's tokens."""
+    of the code, run here), the answer turn; mask 1 on the model's tokens. ``problems``:
+    ``(problem, answer, code, boxed)`` tuples like :data:`SFT_PROBLEMS` (the default)."""
     import io
     import json as _json
     from contextlib import redirect_stdout
@@ -391,7 +392,9 @@ def sft_sequences(tokenizer_dir: Path) -> list[tuple[list[int], list[int]]]:
     chat = load_tokenizer(str(tokenizer_dir))
     schemas = AgentLoop(tools=[PYTHON], finish_tool=False).tool_schemas()
     sequences = []
-    for instance, (_, _, code, boxed) in zip(sft_instances(), SFT_PROBLEMS):
+    problems = SFT_PROBLEMS if problems is None else problems
+    instances = [{"problem": p, "answer": a, **SFT_INSTANCE} for p, a, _, _ in problems]
+    for instance, (_, _, code, boxed) in zip(instances, problems):
         printed = io.StringIO()
         with redirect_stdout(printed):
             exec(code, {})  # noqa: S102 - our own constant snippets

@@ -378,3 +378,111 @@ def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model
     say(request, f"weight update: {len(results)} jobs in flight completed, {spanning} turns spanned it; "
                  f"{before} tokens before it match the old weights; of {after} after it, {after_matching} "
                  f"match the new weights' recompute")
+
+
+# ----------------------------------------------------------------------------- f. trainers
+
+
+def test_trl_grpo_trains_through_the_service(gateway, vllm_servers, vllm_model, tmp_path, request):
+    """TRL's own GRPOTrainer with ``ProrlRollout`` as its rollout_func: two optimizer steps whose
+    rollouts are multi-turn tool jobs through the gateway and the real vLLM, the service's
+    reward passed through, the trainer's weights pushed to vLLM before step 2 (policy version
+    1), and every model token of step 2 is the pushed weights' recompute (within 2e-3)."""
+    pytest.importorskip("trl", reason="TRL is the 'trl' extra")
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from prorl_celery.integrations.trl import ProrlRollout, service_reward
+    from prorl_celery.weights import VLLMWeightSync
+
+    server = vllm_servers[1]
+    assert gateway.post("/add_llm_server", json={"address": server.address, "version": 0}).status_code == 200
+    rows = [{"prompt": instance["problem"], **instance} for instance in sft_instances()[:2]]
+    rollout = ProrlRollout(gateway.cluster.gateway_url, rows=rows, servers=[server.address],
+                           weights_dir=tmp_path / "policy")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
+    config = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, learning_rate=1e-3, per_device_train_batch_size=8,
+                        num_generations=4, max_completion_length=96, temperature=1.0, beta=0.0, logging_steps=1,
+                        save_strategy="no", report_to=[], use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
+    trainer = GRPOTrainer(model=model, processing_class=AutoTokenizer.from_pretrained(vllm_model), args=config,
+                          train_dataset=Dataset.from_list(rows), reward_funcs=[service_reward], rollout_func=rollout)
+    try:
+        trainer.train()
+    finally:
+        with VLLMWeightSync(gateway.cluster.gateway_url) as sync:  # the module's other tests expect the fixture
+            sync.update([server.address], str(vllm_model), version=0)
+        rollout.close()
+    timings = rollout.timings
+    assert [t.rollouts for t in timings] == [8, 8] and [t.failed for t in timings] == [0, 0], timings
+    assert timings[0].weight_sync_s == 0 and timings[1].weight_sync_s > 0 and timings[1].policy_version == 1
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert len(logged) == 2 and all(0.0 <= h["reward"] <= 1.0 for h in logged), trainer.state.log_history
+    pushed = AutoModelForCausalLM.from_pretrained(tmp_path / "policy" / "step-1", dtype=torch.float32).eval()
+    worst, tokens, observations = 0.0, 0, 0
+    for result in rollout.results:  # step 2's rollouts
+        trajectory = trajectory_of(result)
+        assert trajectory["policy_versions"] == [1], trajectory["policy_versions"]
+        ids = trajectory["prompt_ids"] + trajectory["response_ids"]
+        recomputed = recomputed_logprobs(pushed, ids)
+        offset = len(trajectory["prompt_ids"])
+        for k, (token, mask) in enumerate(zip(trajectory["response_ids"], trajectory["response_mask"])):
+            if mask:
+                worst = max(worst, abs(float(recomputed[offset + k - 1, token]) - trajectory["response_logprobs"][k]))
+                tokens += 1
+            else:
+                observations += 1
+    assert tokens > 0 and observations > 0 and worst <= LOGPROB_TOLERANCE, (tokens, observations, worst)
+    say(request, f"TRL GRPO: 2 steps x 8 rollouts through the service, rewards {[round(h['reward'], 2) for h in logged]}, "
+                 f"weight sync {timings[1].weight_sync_s:.2f} s; step 2: {tokens} model tokens (and {observations} "
+                 f"tool tokens masked) match the pushed weights within {worst:.1e}")
+
+
+def test_verl_agent_loop_through_the_service(gateway, vllm_a, vllm_model, tmp_path, request):
+    """verl's own agent-loop machinery (registry, hydra instantiate, AgentLoopBase, AgentLoopOutput)
+    runs the ``prorl`` agent loop in verl's venv against the real service: the output carries the
+    service's exact ids, mask, logprobs and reward."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from tests.support.vllm import require_verl_python
+
+    python = require_verl_python()
+    register(gateway, vllm_a)
+    instances = sft_instances()[:2]
+    rows = [{"agent_name": "prorl", "data_source": "math", "index": i,
+             "raw_prompt": [{"role": "user", "content": instance["problem"]}],
+             "reward_model": {"style": "rule", "ground_truth": instance["answer"]},
+             "extra_info": {"prorl_instance": {**instance, "instance_id": f"verl-{i}"}}}
+            for i, instance in enumerate(instances)]
+    # a verl-shaped row as it comes (its prompt is the data set's, not the format the model knows)
+    rows.append({"agent_name": "prorl", "data_source": "math", "index": 2,
+                 "raw_prompt": [{"role": "user", "content": instances[0]["problem"]}],
+                 "reward_model": {"style": "rule", "ground_truth": instances[0]["answer"]}, "extra_info": {"split": "t"}})
+    rows_path = tmp_path / "rows.json"
+    rows_path.write_text(json.dumps(rows))
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PRORL_GATEWAY_URL": gateway.cluster.gateway_url, "PYTHONPATH": str(root)}
+    done = subprocess.run([python, str(root / "tests" / "support" / "verl_probe.py"), str(vllm_model), str(rows_path)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["verl"] == "0.9.1" and report["transformers"].startswith("5.10"), report
+    outputs = report["outputs"]
+    for output in outputs:
+        assert output["class"] == "ProrlAgentLoop" and output["extra_fields"]["prorl_status"] == "completed", output
+        result = gateway.result(output["extra_fields"]["prorl_job_id"])
+        trajectory = trajectory_of(result)
+        assert output["prompt_ids"] == trajectory["prompt_ids"] and output["response_ids"] == trajectory["response_ids"]
+        assert output["response_mask"] == trajectory["response_mask"]
+        assert output["response_logprobs"] == pytest.approx(trajectory["response_logprobs"], abs=1e-6)
+        assert output["reward_score"] == result["reward"]
+        assert output["as_dict_shapes"]["responses"] == [len(output["response_ids"])]
+    tool_rollouts = outputs[:2]
+    assert all(o["reward_score"] == 1.0 and 0 in o["response_mask"] and o["num_turns"] >= 4 for o in tool_rollouts), \
+        [(o["reward_score"], o["num_turns"]) for o in tool_rollouts]
+    say(request, f"verl {report['verl']} agent loop 'prorl': {len(outputs)} rows through the service; "
+                 f"rewards {[o['reward_score'] for o in outputs]}, turns {[o['num_turns'] for o in outputs]}")

@@ -113,3 +113,28 @@ class VLLMServer:
 
     def stop(self) -> None:
         self.process.stop(grace_s=15)
+
+
+#: where scripts/install_verl.sh puts verl's venv
+VERL_VENVS = (Path("/opt/verl-venv"), Path.home() / ".cache" / "prorl-celery" / "verl-venv")
+
+
+def require_verl_python() -> str:
+    """verl's venv python (``$PRORL_VERL_PYTHON``, else scripts/install_verl.sh's default venvs);
+    skip (locally) or fail (CI / PRORL_REQUIRE_VLLM) when there is none that imports verl."""
+    configured = os.environ.get("PRORL_VERL_PYTHON")
+    candidates = [Path(configured)] if configured else [v / "bin" / "python" for v in VERL_VENVS]
+    python = next((str(p) for p in candidates if p.is_file()), None)
+    problem = None
+    if python is None:
+        problem = f"verl is not installed: run scripts/install_verl.sh (looked for {', '.join(map(str, candidates))})"
+    else:
+        done = subprocess.run([python, "-c", "from verl.experimental.agent_loop import AgentLoopBase"],
+                              capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            problem = f"{python} cannot import verl: rerun scripts/install_verl.sh ({done.stderr.strip()[-300:]})"
+    if problem is not None:
+        if vllm_required():
+            pytest.fail(f"the verl test must run here (CI/PRORL_REQUIRE_VLLM set): {problem}", pytrace=False)
+        pytest.skip(problem)
+    return python
