@@ -49,7 +49,10 @@ def _transport_for(url: str) -> type | None:
 
 def create_celery() -> Celery:
     settings = get_settings()
-    app = Celery("prorl_celery", broker=settings.effective_broker_url, include=["prorl_celery.tasks"])
+    # workers import the signal handlers (prorl_celery.workers) with the tasks, before the
+    # start-up signals fire; nothing else that imports the app loads them
+    app = Celery("prorl_celery", broker=settings.effective_broker_url,
+                 include=["prorl_celery.tasks", "prorl_celery.workers"])
     transport = {
         # stages are acked when they start, so only fetched-but-not-started messages are unacked:
         # a killed worker's prefetched stages come back after this, and a copy still waiting in
@@ -132,5 +135,3 @@ def enqueue_many(stage: Stage, job_ids: list[str]) -> None:
         for job_id in job_ids:
             enqueue(stage, job_id)
 
-
-from . import workers  # noqa: E402,F401  (connects the worker start-up signal handlers)
