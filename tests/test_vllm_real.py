@@ -257,16 +257,19 @@ def test_clear_and_reregister_two_vllm_servers_mid_run(gateway, vllm_servers, re
 
 
 def test_pause_keep_holds_a_job_and_resume_finishes_it(gateway, vllm_a, request):
-    """vLLM's weight-update pause (dev mode) in ``keep`` mode freezes a job's in-flight request
-    without failing it; after /resume the job completes with a whole trajectory."""
+    """vLLM's weight-update pause (dev mode) in ``keep`` mode freezes the jobs' in-flight requests
+    without failing them; after /resume they complete with whole trajectories."""
     import httpx
 
     register(gateway, vllm_a)
-    params = {"temperature": 1.0, "max_tokens": 600, "ignore_eos": True, "seed": 5}
+    # four long generations share the server, so on an idle machine too they are still running
+    # when the pause lands (one alone finishes 600 tokens in well under a second)
+    tokens = 1200  # below the context left after the ~230-token tool prompt (MAX_MODEL_LEN 1536)
     generated = vllm_a.generated()
-    job_id = gateway.submit({**sft_instances()[0], "max_iterations": 1, "instance_id": "pause"},
-                            sampling_params=params)
-    eventually(lambda: vllm_a.generated() - generated >= 50, 60, "the job generating in vLLM")
+    ids = [gateway.submit({**sft_instances()[0], "max_iterations": 1, "instance_id": f"pause-{i}"},
+                          sampling_params={"temperature": 1.0, "max_tokens": tokens, "ignore_eos": True, "seed": i})
+           for i in range(4)]
+    eventually(lambda: vllm_a.generated() - generated >= 20, 60, "the jobs generating in vLLM")
     try:
         paused = httpx.post(vllm_a.base + "/pause", params={"mode": "keep"}, timeout=30)
         assert paused.status_code == 200, paused.text
@@ -274,14 +277,15 @@ def test_pause_keep_holds_a_job_and_resume_finishes_it(gateway, vllm_a, request)
         held = vllm_a.generated()
         time.sleep(1.5)
         assert vllm_a.generated() == held, "vLLM kept generating while paused"
-        assert gateway.get(f"/jobs/{job_id}").json()["status"] == "run"
+        frozen = [job_id for job_id in ids if gateway.get(f"/jobs/{job_id}").json()["status"] == "run"]
+        assert frozen, "every job ended before the pause: nothing was in flight"
     finally:
         assert httpx.post(vllm_a.base + "/resume", timeout=30).status_code == 200
-    trajectory = trajectory_of(gateway.result(job_id, wait=120))
-    model_tokens = sum(trajectory["response_mask"])
-    assert trajectory["turns"][0]["output_len"] == 600 and model_tokens >= 600
-    say(request, f"pause: keep mode froze the job at {held - generated:.0f} of 600 tokens for 1.5 s; "
-                 "after /resume it completed")
+    for job_id in ids:
+        trajectory = trajectory_of(gateway.result(job_id, wait=180))
+        assert trajectory["turns"][0]["output_len"] == tokens and sum(trajectory["response_mask"]) >= tokens
+    say(request, f"pause: keep mode froze {len(frozen)} of 4 jobs at {held - generated:.0f} of "
+                 f"{4 * tokens} tokens for 1.5 s; after /resume all completed")
 
 
 # ----------------------------------------------------------------------------- f. weight update
