@@ -261,7 +261,8 @@ def test_stop_with_200_in_flight_closes_every_sandbox_then_start(service):
     started = time.monotonic()
     reply = service.post("/stop")
     assert reply.status_code == 200 and reply.json() == {"state": "stopped", "cancelled": 200}, reply.text
-    drained_s = time_to_no_sandbox(cluster, seen, started, limit_s=5)
+    # 200 sandbox teardowns: about 3 s on an idle 2-core machine, up to 7.6 s seen beside other runs
+    drained_s = time_to_no_sandbox(cluster, seen, started, limit_s=12)
     assert set(statuses(cluster, jobs)) == {"cancelled"}
 
     for path in ("/process", "/jobs"):
