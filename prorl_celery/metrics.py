@@ -61,14 +61,25 @@ class MetricsBuffer:
             self._counters, self._stages, self._sums = Counter(), defaultdict(Counter), Counter()
         if not (counters or stages):
             return
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)  # all of a flush lands, or none (then it is kept)
         for name, amount in counters.items():
             pipe.hincrby(keys.METRIC_COUNTERS, name, amount)
         for stage, buckets in stages.items():
             for label, amount in buckets.items():
                 pipe.hincrby(keys.stage_histogram(stage), label, amount)
             pipe.hincrbyfloat(keys.stage_histogram(stage), "sum", sums[stage])
-        pipe.execute()
+        try:
+            pipe.execute()
+        except Exception:
+            self._restore(counters, stages, sums)  # Redis was away: count them in the next flush
+            raise
+
+    def _restore(self, counters: Counter, stages: defaultdict, sums: Counter) -> None:
+        with self._lock:
+            self._counters.update(counters)
+            for stage, buckets in stages.items():
+                self._stages[stage].update(buckets)
+            self._sums.update(sums)
 
     def _ensure_flushing(self) -> None:
         if self._thread is None:

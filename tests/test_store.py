@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from prorl_celery import keys
 from prorl_celery.errors import JobNotFound, ServiceStopped
 from prorl_celery.llm.pool import BackendPool
 from prorl_celery.status import ALLOWED_FROM, JobStatus, Stage, can_transition
@@ -159,3 +160,21 @@ def test_a_given_up_attempt_cannot_move_the_retried_job(store):
     zombie = store.hand_over("j1", Stage.RUN, {"run_result": {"stale": True}}, attempt=1)
     assert not zombie.ok and store.load("j1").get("run_result") is None
     assert store.hand_over("j1", Stage.RUN, attempt=2).ok
+
+
+def test_metrics_kept_when_a_flush_cannot_reach_redis(redis_url):
+    from prorl_celery.local import free_port
+    from prorl_celery.metrics import MetricsBuffer
+
+    live = redis.Redis.from_url(redis_url, decode_responses=True)
+    live.delete(keys.METRIC_COUNTERS)
+    buffer = MetricsBuffer(redis.Redis(port=free_port(), socket_connect_timeout=0.5))  # nothing listens
+    buffer.count("tokens_generated", 7)
+    buffer.observe_stage("run", 0.2)
+    with pytest.raises(redis.ConnectionError):
+        buffer.flush()
+    buffer.redis = live  # Redis is back
+    buffer.count("tokens_generated", 3)
+    buffer.flush()
+    assert live.hget(keys.METRIC_COUNTERS, "tokens_generated") == "10"
+    assert float(live.hget(keys.stage_histogram("run"), "sum")) == pytest.approx(0.2)
