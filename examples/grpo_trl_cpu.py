@@ -264,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grpo_trl_cpu")
     args = parser.parse_args(argv)
     log = lambda line: print(f"[grpo] {line}", flush=True)  # noqa: E731
+    import signal
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the local service and vLLM are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from prorl_celery.devmodels import ensure_tokenizer
     from prorl_celery.local import LocalCluster
