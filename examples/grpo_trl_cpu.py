@@ -67,25 +67,14 @@ def warm_start(out: Path, problems, steps: int, lr: float, log) -> dict[str, Any
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from prorl_celery.devmodels import ensure_tokenizer, ensure_vllm_model, sft_sequences
+    from prorl_celery.devmodels import ensure_tokenizer, ensure_vllm_model, sft_batch, sft_sequences
 
     base = ensure_vllm_model("qwen3")
     tok = AutoTokenizer.from_pretrained(base)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    sequences = sft_sequences(ensure_tokenizer("qwen3"), problems)
-    width = max(len(ids) for ids, _ in sequences)
-    inputs = torch.full((len(sequences), width), tok.pad_token_id)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    labels = torch.full((len(sequences), width), -100)
-    for row, (ids, mask) in enumerate(sequences):
-        inputs[row, :len(ids)] = torch.tensor(ids)
-        attention[row, :len(ids)] = 1
-        for j in range(1, len(ids)):
-            if mask[j]:
-                labels[row, j - 1] = ids[j]
+    inputs, attention, labels = sft_batch(sft_sequences(ensure_tokenizer("qwen3"), problems), tok.pad_token_id)
     chosen = labels != -100
-    targets = labels[chosen]
     vocab = model.config.vocab_size
     used = torch.unique(inputs[attention.bool()])
     weight = model.model.embed_tokens.weight
@@ -94,7 +83,7 @@ def warm_start(out: Path, problems, steps: int, lr: float, log) -> dict[str, Any
     started = time.monotonic()
     batch = torch.Generator().manual_seed(1)
     for _ in range(steps):
-        pick = torch.randperm(len(sequences), generator=batch)[:16]
+        pick = torch.randperm(len(inputs), generator=batch)[:16]
         sub_chosen = chosen[pick]
         candidates = torch.unique(torch.cat([used, torch.randint(0, vocab, (8192,), generator=noise)]))
         index = torch.full((vocab,), -1)

@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -412,6 +412,24 @@ def sft_sequences(tokenizer_dir: Path, problems=None) -> list[tuple[list[int], l
     return sequences
 
 
+def sft_batch(sequences: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
+    """Padded ``(input_ids, attention_mask, labels)`` tensors for causal-LM SFT on ``(ids, mask)``
+    sequences: only the model's tokens (mask 1) are labels, -100 elsewhere."""
+    import torch
+
+    width = max(len(ids) for ids, _ in sequences)
+    inputs = torch.full((len(sequences), width), pad_id)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    labels = torch.full((len(sequences), width), -100)
+    for row, (ids, mask) in enumerate(sequences):
+        inputs[row, :len(ids)] = torch.tensor(ids)
+        attention[row, :len(ids)] = 1
+        for j in range(1, len(ids)):
+            if mask[j]:
+                labels[row, j - 1] = ids[j]  # position j-1 predicts model token j
+    return inputs, attention, labels
+
+
 def _build_vllm_model(tokenizer_dir: Path, out: Path, max_steps: int = 600) -> None:
     try:
         import torch
@@ -430,17 +448,7 @@ def _build_vllm_model(tokenizer_dir: Path, out: Path, max_steps: int = 600) -> N
         bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
-    sequences = sft_sequences(tokenizer_dir)
-    width = max(len(ids) for ids, _ in sequences)
-    inputs = torch.full((len(sequences), width), tok.pad_token_id)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    labels = torch.full((len(sequences), width), -100)
-    for row, (ids, mask) in enumerate(sequences):
-        inputs[row, :len(ids)] = torch.tensor(ids)
-        attention[row, :len(ids)] = 1
-        for j in range(1, len(ids)):
-            if mask[j]:
-                labels[row, j - 1] = ids[j]  # position j-1 predicts model token j
+    inputs, attention, labels = sft_batch(sft_sequences(tokenizer_dir), tok.pad_token_id)
     chosen = labels != -100
     targets = labels[chosen]
     used = torch.unique(inputs[attention.bool()])
@@ -472,7 +480,7 @@ def _build_vllm_model(tokenizer_dir: Path, out: Path, max_steps: int = 600) -> N
                 _say(f"fine-tuned in {step} steps (worst target logprob {worst:.3f})")
                 break
     else:
-        raise RuntimeError(f"the tiny vLLM model did not learn its {len(sequences)} conversations "
+        raise RuntimeError(f"the tiny vLLM model did not learn its {len(inputs)} conversations "
                            f"in {max_steps} steps (greedy={greedy}, worst logprob {worst:.3f})")
     model.eval()
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
