@@ -2,24 +2,18 @@
 Celery workers for init, run and eval, all on loopback ports, started once per session."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
 from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
 from prorl_celery.status import Stage
+from tests.support.services import ROOT, Gateway, LLMServer, start_llm_server
 
-ROOT = Path(__file__).resolve().parent.parent
-RULES = Path(__file__).parent / "data" / "llm_rules.json"
 
 pytest_plugins = ["tests.conftest_llm"] if (Path(__file__).parent / "conftest_llm.py").exists() else []
 
@@ -40,37 +34,6 @@ def redis_url(tmp_path_factory) -> str:
     wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", handle)
     yield url
     handle.stop()
-
-
-class LLMServer:
-    """A scripted LLM server process (vLLM/SGLang/llama.cpp protocols) and its request log."""
-
-    def __init__(self, process: ManagedProcess, port: int) -> None:
-        self.process, self.port = process, port
-        self.base = f"http://127.0.0.1:{port}"
-
-    def address(self, protocol: str = "vllm") -> str:
-        return self.base + ("/v1" if protocol == "vllm" else "")
-
-    def log(self) -> list[dict]:
-        return httpx.get(self.base + "/_log").json()
-
-    def reset(self) -> None:
-        httpx.post(self.base + "/_reset").raise_for_status()
-
-
-def start_llm_server(tokenizer: str, log_dir: Path, name: str, rules: Path = RULES,
-                     token_delay: float = 0.0, max_model_len: int | None = None) -> LLMServer:
-    port = free_port()
-    log = log_dir / f"{name}.log"
-    with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules),
-                                  "--tokenizer", tokenizer, "--port", str(port), "--token-delay", str(token_delay),
-                                  *(["--max-model-len", str(max_model_len)] if max_model_len else [])],
-                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    process = ManagedProcess(name, popen, log)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200, 120, name, process)
-    return LLMServer(process, port)
 
 
 @pytest.fixture(scope="session")
@@ -117,33 +80,6 @@ def cluster(redis_url, qwen3_tokenizer, tokenizers_dir, tmp_path_factory) -> Loc
         yield local
 
 
-class Gateway(httpx.Client):
-    """An HTTP client on the gateway with the few calls most tests make."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        super().__init__(base_url=cluster.gateway_url, timeout=120)
-        self.cluster = cluster
-
-    def process(self, instance: dict, **fields) -> dict:
-        response = self.post("/process", json={"instance": instance, **fields})
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def submit(self, instance: dict, **fields) -> str:
-        response = self.post("/jobs", json={"instance": instance, **fields})
-        assert response.status_code == 202, response.text
-        return response.json()["job_id"]
-
-    def result(self, job_id: str, wait: float = 60) -> dict:
-        response = self.get(f"/jobs/{job_id}", params={"wait": wait})
-        assert response.status_code == 200, f"job {job_id} not finished: {response.text}"
-        return response.json()
-
-    def wait_for_stage(self, job_id: str, status: str, timeout_s: float = 30) -> None:
-        wait_until(lambda: self.get(f"/jobs/{job_id}").json().get("status") == status, timeout_s,
-                   f"job {job_id} in {status}")
-
-
 @pytest.fixture
 def gateway(cluster: LocalCluster) -> Gateway:
     """A clean service for each test: state flushed (the broker DB is kept), started, no backends."""
@@ -152,15 +88,19 @@ def gateway(cluster: LocalCluster) -> Gateway:
         yield client
 
 
-def rules_file(rules: list[dict]) -> Path:
-    path = Path(tempfile.mkstemp(suffix=".json")[1])
-    path.write_text(json.dumps(rules))
-    return path
+# Fixtures that start a process (redis-server, workers, gunicorn, an LLM server): a test that uses
+# one, directly or through another fixture, is an integration test, and so is every test of a
+# module that starts its own (sandboxes, tool servers, clusters of its own, judged programs).
+PROCESS_FIXTURES = frozenset({"redis_url", "cluster", "gateway", "llm_servers", "llm_server",
+                              "scripted_llm_server"})
+PROCESS_MODULES = frozenset({"test_faults", "test_handler_package", "test_multinode", "test_prefetch_recovery",
+                             "test_redis_auth", "test_runtime_contract", "test_runtime_unprivileged",
+                             "test_toolserver", "test_toolserver_lifecycle", "test_images_build",
+                             "test_swe_instances", "test_code_handler"})
 
 
-def eventually(check, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s} s")
-        time.sleep(0.05)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        if module in PROCESS_MODULES or PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 import time
 
 from tests.support.agents import (MINI_SWE_RULES, PROBE_AGENT, REWRITE_AGENT, ROMANUM_ID, SDK_AGENT, SDK_RULES,

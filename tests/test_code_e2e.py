@@ -13,7 +13,7 @@ import redis
 
 from handlers.code import load_problems
 from prorl_celery import keys
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 
 SOLUTIONS = json.loads((Path(__file__).parent / "data" / "code_solutions.json").read_text())
 PAIR_SUMS = next(p for p in load_problems() if p["id"] == "code-001")

@@ -15,7 +15,7 @@ import pytest
 from prorl_celery.client import AsyncRolloutClient, GatewayUnavailable, RetryPolicy, RolloutClient
 from prorl_celery.dapo import AsyncDAPOCollector, DAPOCollector, PromptsExhausted, RolloutsFailing, not_all_equal
 from prorl_celery.local import LocalCluster
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 from tests.test_client import FAST, LOSE_REPLY, FakeGateway
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from prorl_celery.sandboxes import RedisSandboxLedger
 from prorl_celery.status import JobStatus, Stage
 from singularity.runtime import SandboxRecord, procfs
 
-from tests.conftest import ROOT, Gateway, eventually, start_llm_server
+from tests.support.services import ROOT, Gateway, eventually, start_llm_server
 
 RUN_CONCURRENCY = 64
 LEASE_S = 3.0

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from prorl_celery.local import free_port
-from tests.conftest import eventually
+from tests.support.services import eventually
 
 pytest.importorskip("flower", reason="Flower is the `monitor` extra (pip install 'prorl-celery[monitor]')")
 

@@ -14,7 +14,7 @@ import pytest
 
 from prorl_celery.local import LocalCluster
 from prorl_celery.status import Stage
-from tests.conftest import ROOT, rules_file, start_llm_server
+from tests.support.services import ROOT, rules_file, start_llm_server
 
 PACKAGE = ROOT / "examples" / "handler_package"
 

@@ -28,7 +28,7 @@ from prorl_celery.leases import reap_expired
 from prorl_celery.local import ManagedProcess, free_port, wait_until
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
-from tests.conftest import RULES
+from tests.support.services import RULES
 from tests.support.multinode import MultiNodeCluster, Node
 from tests.support.netns import Namespaces, NetnsUnavailable
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import eventually, rules_file, start_llm_server
+from tests.support.services import eventually, rules_file, start_llm_server
 
 RULES = [{"match": "VSPAN", "scope": "prompt", "delay_s": 1.0,
           "replies": ["First thought.", "Second thought.", "So \\boxed{6}."]},

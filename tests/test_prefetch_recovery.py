@@ -12,7 +12,7 @@ import redis
 
 from prorl_celery.local import LocalCluster
 from prorl_celery.status import Stage
-from tests.conftest import ROOT, eventually
+from tests.support.services import ROOT, eventually
 
 VISIBILITY_S = 5
 

@@ -14,7 +14,7 @@ import redis
 from prorl_celery import keys
 from prorl_celery.status import Stage
 
-from tests.conftest import eventually, rules_file, start_llm_server
+from tests.support.services import eventually, rules_file, start_llm_server
 
 
 def math(problem: str, answer: str, **extra) -> dict:

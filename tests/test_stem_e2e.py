@@ -7,7 +7,7 @@ import json
 import pytest
 
 from handlers.stem import DATA_DIR, StemHandler
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 
 
 def call(name: str, **arguments) -> str:

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from prorl_celery import keys
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 from tests.support.swe import ROMANUM, RULES, SEMVER
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,7 +12,7 @@ import pytest
 
 from prorl_celery.llm.fidelity import check_trajectory
 from prorl_celery.llm.tokenizer import load_tokenizer
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 
 JOBS_PER_TEMPLATE = 100
 

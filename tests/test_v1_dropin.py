@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from prorl_celery.sampling import SAMPLER_KEYS, TRAINER_KEYS
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 from tests.support.swe import ROMANUM, RULES as SWE_RULES
 
 pytestmark = pytest.mark.timeout(420)

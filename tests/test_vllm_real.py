@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from prorl_celery.devmodels import SFT_PROBLEMS, ensure_vllm_model, sft_instances
-from tests.conftest import eventually
+from tests.support.services import eventually
 from tests.support.vllm import VLLMServer, require_vllm_python, skip_unless_vllm
 
 # the first test also pays for starting the two servers (about a minute, more on a loaded machine)
