@@ -28,6 +28,7 @@ from .status import JobStatus
 
 log = logging.getLogger(__name__)
 TERMINAL = frozenset(s.value for s in JobStatus if s.terminal)
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 10.0  # listener's reconnect backoff while Redis is away
 
 
 class CompletionWaiter:
@@ -113,6 +114,7 @@ class CompletionWaiter:
 
     def _listen(self) -> None:
         next_sweep = time.monotonic() + self.sweep_s
+        outage = 0  # consecutive failed reads: the retry backs off, and one outage logs once
         while not self._stop.is_set():
             try:
                 block_ms = int(max(0.05, min(BLOCK_CHUNK_S, next_sweep - time.monotonic())) * 1000)
@@ -125,11 +127,16 @@ class CompletionWaiter:
                 if time.monotonic() >= next_sweep:
                     self._sweep()
                     next_sweep = time.monotonic() + self.sweep_s
+                if outage:
+                    log.info("completion listener reached Redis again after %d failed reads", outage)
+                    outage = 0
             except redis.RedisError as error:
                 if self._stop.is_set():
                     return
-                log.warning("completion listener lost Redis (%s); reconnecting", error)
-                self._stop.wait(0.5)
+                if not outage:
+                    log.warning("completion listener lost Redis (%s); retrying with backoff", error)
+                outage += 1
+                self._stop.wait(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (outage - 1)))
                 next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
 
     def _sweep(self) -> None:
