@@ -12,7 +12,15 @@ prorl:jobs:ended                   stream  {job, status} for every job that ends
                                            JOBS_ENDED_MAXLEN); one listener per process tails it
                                            and wakes that process's waiters (waiting.py)
 prorl:jobs:recent                  zset    job id -> creation time (trimmed), for listings
-prorl:jobs:active                  set     ids of jobs not yet ended (for /stop and reapers)
+prorl:jobs:active                  set     ids of jobs not yet ended (for /stop and the backfill)
+prorl:jobs:leases                  zset    job id -> lease deadline (Redis time) of its executing
+                                           stage: written by the claim (transition.lua) and
+                                           renew_leases.lua, dropped when the stage ends; the
+                                           reaper reads the expired ones only
+prorl:jobs:waiting_run             hash    queue -> the node it is local to ("" for the shared
+                                           run queue), for every queue with jobs in pending_run
+prorl:jobs:waiting_run:<queue>     set     ids of the jobs in pending_run waiting in <queue>
+                                           (run, run.<node>): a dead node's are the stranded ones
 prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
                                            statuses count every job that ended there)
 prorl:stats:minute:<unix minute>   hash    jobs that ended in that minute: terminal status ->
@@ -43,6 +51,9 @@ PREFIX = "prorl:"
 
 RECENT_JOBS = PREFIX + "jobs:recent"
 ACTIVE_JOBS = PREFIX + "jobs:active"
+LEASES = PREFIX + "jobs:leases"
+WAITING_RUN_QUEUES = PREFIX + "jobs:waiting_run"
+WAITING_RUN = PREFIX + "jobs:waiting_run:"  # + the queue; also built in lua/ from this prefix
 JOBS_ENDED = PREFIX + "jobs:ended"
 JOBS_ENDED_MAXLEN = 100_000  # also written in lua/transition.lua
 STATUS_COUNTS = PREFIX + "stats:status"
@@ -62,6 +73,11 @@ CANCEL_CHANNEL = PREFIX + "cancel"
 
 def job(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
+
+
+def waiting_run(queue: str) -> str:
+    """Ids of the jobs in ``pending_run`` whose RUN message waits in ``queue``."""
+    return f"{WAITING_RUN}{queue}"
 
 
 def minute_stats(minute_start: int) -> str:

@@ -1,28 +1,59 @@
 """Stage leases: a job whose worker died mid-stage is retried or ends as ``failed``, never hangs.
 
-A stage's lease starts when it is claimed (``status_at``) and is renewed every ``lease_s / 3``
-by a thread of the worker process executing it. One reaper at a time (a Redis lock with a TTL,
-so a dead reaper's lock lapses) ends every job in an executing status whose lease has run out,
-and every node-local job waiting in ``run.<node>`` for a node that has no live RUN worker any
-more (its node died or was cut off: nobody else may consume that queue). A stage that comes
-back after being reaped finds the job moved on: its transitions are no-ops.
+A stage's lease starts when it is claimed and is renewed every ``lease_s / 3`` by a thread of
+the worker process executing it. One reaper at a time (a Redis lock with a TTL, so a dead
+reaper's lock lapses) ends every job in an executing status whose lease has run out, and every
+node-local job waiting in ``run.<node>`` for a node that has no live RUN worker any more (its
+node died or was cut off: nobody else may consume that queue). A stage that comes back after
+being reaped finds the job moved on: its transitions are no-ops.
+
+The reaper reads indexes, never every active job (rq's ``StartedJobRegistry``): the claim
+(``transition.lua``) and each renewal (``renew_leases.lua``) score the job by its lease
+deadline in ``keys.LEASES``, and a tick asks only for the deadlines already past. A job in
+``pending_run`` is listed under its queue (``keys.waiting_run``); a tick looks only into the
+queues of nodes with no live RUN worker. Both are moved by the transition script itself, so a
+job is never in a status without its entry. Jobs written by a version without the indexes are
+indexed by ``backfill``, which the reaper runs when it takes the lock and whenever the indexes
+disagree with the status counters (``index_drift``, a few commands): an older worker still
+running in a rolling upgrade is caught too.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
+import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import redis
 
 from . import keys
 from .nodes import live_queues
-from .status import JobStatus, Stage
-from .store import JobStore, load_script
+from .status import EXECUTING, WAITING_ON_NODE, JobStatus, Stage
+from .store import JobStore, index_spec, load_script
 
 log = logging.getLogger(__name__)
-EXECUTING = frozenset(stage.value for stage in Stage)
+#: most jobs a tick takes from each index: one tick stays bounded however many have expired
+#: (the rest are next tick's)
+REAP_BATCH = 1000
+#: job ids per backfill script call: the backfill never blocks Redis for long
+BACKFILL_BATCH = 500
+#: a backfill that the counters ask for runs at most this often
+BACKFILL_MIN_INTERVAL_S = 60.0
+_EXECUTING_VALUES = frozenset(status.value for status in EXECUTING)
+_EXECUTING = json.dumps(sorted(_EXECUTING_VALUES))
+_scripts: weakref.WeakKeyDictionary[JobStore, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _script(store: JobStore, name: str) -> Any:
+    """The store's client's copy of a script, registered once per store."""
+    loaded = _scripts.setdefault(store, {})
+    if name not in loaded:
+        loaded[name] = load_script(store.redis, name)
+    return loaded[name]
 
 
 class LeaseKeeper:
@@ -57,8 +88,11 @@ class LeaseKeeper:
 
     def renew_now(self) -> int:
         with self._lock:
-            held = [keys.job(job_id) for job_id in self._jobs]
-        return int(self._renew(keys=held, args=[self.lease_s])) if held else 0
+            held = list(self._jobs)
+        if not held:
+            return 0
+        return int(self._renew(keys=[keys.LEASES, *(keys.job(job_id) for job_id in held)],
+                               args=[self.lease_s, _EXECUTING, *held]))
 
     def close(self) -> None:
         """Stop the background thread."""
@@ -72,22 +106,32 @@ class LeaseKeeper:
                 log.warning("lease renewal failed: %s", error)
 
 
-def expired_jobs(store: JobStore, lease_s: float) -> list[tuple[str, Stage]]:
-    """Jobs in an executing status whose lease ran out, with the stage they were in."""
-    job_ids = store.active_job_ids()
+def expired_jobs(store: JobStore, lease_s: float, limit: int = REAP_BATCH) -> list[tuple[str, Stage]]:
+    """Jobs in an executing status whose lease ran out, with the stage they were in: at most
+    ``limit``, from the lease index (only the entries whose deadline has passed are read)."""
+    now = store.server_time()
+    job_ids = store.redis.zrangebyscore(keys.LEASES, "-inf", now, start=0, num=limit)
     if not job_ids:
         return []
     pipe = store.redis.pipeline(transaction=False)
     for job_id in job_ids:
         pipe.hmget(keys.job(job_id), ["status", "status_at", "lease_until"])
-    now = store.server_time()
-    expired = []
+    expired, later, stale = [], {}, []
     for job_id, (status, status_at, lease_until) in zip(job_ids, pipe.execute()):
-        if status not in EXECUTING or not status_at:
+        if status not in _EXECUTING_VALUES or not status_at:
+            stale.append(job_id)  # left behind by a version without the index
             continue
+        # the record decides, as before the index: a reaper with a longer lease than the
+        # claiming worker's waits for its own
         deadline = max(float(status_at) + lease_s, float(lease_until or 0))
         if deadline < now:
             expired.append((job_id, Stage(status)))
+        else:
+            later[job_id] = deadline
+    if later:  # XX: never re-adds a job that left meanwhile; GT: never shortens a renewal
+        store.redis.zadd(keys.LEASES, later, xx=True, gt=True)
+    if stale:
+        reindex(store, stale, lease_s)
     return expired
 
 
@@ -97,17 +141,75 @@ RETRY_RESET = {"init_result": None, "run_result": None, "trajectory": None, "san
                "init_node": "", "run_node": "", "eval_node": ""}
 
 
-def stranded_jobs(store: JobStore, live: set[tuple[str, str]]) -> list[str]:
+def stranded_jobs(store: JobStore, live: set[tuple[str, str]], limit: int = REAP_BATCH,
+                  lease_s: float | None = None) -> list[str]:
     """Jobs waiting in ``run.<node>`` whose node has no live worker on that queue: the node that
-    ran their INIT (and holds their sandbox) is gone, so no RUN will ever claim them."""
-    job_ids = store.active_job_ids()
-    if not job_ids:
+    ran their INIT (and holds their sandbox) is gone, so no RUN will ever claim them. At most
+    ``limit``; only the queues of such nodes are looked into."""
+    queues = store.redis.hgetall(keys.WAITING_RUN_QUEUES)  # queue -> node: one per node, not per job
+    dead = [queue for queue, node in queues.items() if node and (node, queue) not in live]
+    if not dead:
         return []
     pipe = store.redis.pipeline(transaction=False)
-    for job_id in job_ids:
+    for queue in dead:
+        pipe.srandmember(keys.waiting_run(queue), limit)
+    candidates = [(queue, job_id) for queue, job_ids in zip(dead, pipe.execute()) for job_id in job_ids][:limit]
+    for _, job_id in candidates:
         pipe.hmget(keys.job(job_id), ["status", "run_queue", "init_node"])
-    return [job_id for job_id, (status, queue, node) in zip(job_ids, pipe.execute())
-            if status == JobStatus.PENDING_RUN.value and queue and (node, queue) not in live]
+    stranded, stale = [], []
+    for (listed_in, job_id), (status, queue, node) in zip(candidates, pipe.execute()):
+        if status != WAITING_ON_NODE.value or queue != listed_in:
+            stale.append((listed_in, job_id))
+        elif (node, queue) not in live:
+            stranded.append(job_id)
+    for queue in {queue for queue, _ in stale}:
+        reindex(store, [job_id for listed_in, job_id in stale if listed_in == queue],
+                store.lease_s if lease_s is None else lease_s, queue=queue)
+    return stranded
+
+
+def reindex(store: JobStore, job_ids: Iterable[str], lease_s: float, *, queue: str = "") -> int:
+    """Put each job into the indexes its record says it belongs to and out of the others (see
+    ``lua/reindex_jobs.lua``); ``queue``: the waiting set the ids were read from. Atomic per
+    batch, so a job moving meanwhile keeps its entries. Returns the entries added or removed."""
+    script = _script(store, "reindex_jobs")
+    spec = index_spec(lease_s)
+    changed = 0
+    for batch in _batches(job_ids, BACKFILL_BATCH):
+        changed += int(script(keys=[keys.LEASES, keys.WAITING_RUN_QUEUES, *map(keys.job, batch)],
+                              args=[spec, queue, *batch]))
+    return changed
+
+
+def backfill(store: JobStore, lease_s: float) -> int:
+    """Index every active job the indexes miss (written by a version without them), and drop
+    every entry no record supports. O(active jobs), in batches: for start-up and repairs only."""
+    changed = reindex(store, store.redis.sscan_iter(keys.ACTIVE_JOBS, count=BACKFILL_BATCH), lease_s)
+    changed += reindex(store, (job_id for job_id, _ in store.redis.zscan_iter(keys.LEASES, count=BACKFILL_BATCH)),
+                       lease_s)
+    for queue in store.redis.hkeys(keys.WAITING_RUN_QUEUES):
+        changed += reindex(store, store.redis.sscan_iter(keys.waiting_run(queue), count=BACKFILL_BATCH),
+                           lease_s, queue=queue)
+    return changed
+
+
+def index_drift(store: JobStore) -> tuple[int, int]:
+    """(jobs in an executing status - lease entries, jobs in pending_run - waiting entries), read
+    at one instant: (0, 0) when the indexes hold exactly the jobs the status counters count."""
+    counted_executing, indexed, counted_waiting, listed = _script(store, "index_drift")(
+        keys=[keys.STATUS_COUNTS, keys.LEASES, keys.WAITING_RUN_QUEUES], args=[index_spec(store.lease_s)])
+    return int(counted_executing) - int(indexed), int(counted_waiting) - int(listed)
+
+
+def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def give_up(store: JobStore, job_id: str, stage: Stage, reason: str,
@@ -142,7 +244,7 @@ def reap_expired(store: JobStore, lease_s: float, retry: Callable[[str], None] |
         if give_up(store, job_id, stage, reason, retry):
             reaped.append(job_id)
     if heartbeat_s is not None:
-        for job_id in stranded_jobs(store, live_queues(store.redis, heartbeat_s)):
+        for job_id in stranded_jobs(store, live_queues(store.redis, heartbeat_s), lease_s=lease_s):
             reason = "node lost while the job waited for RUN: no live RUN worker on its INIT node"
             if give_up(store, job_id, Stage.RUN, reason, retry, status=JobStatus.PENDING_RUN):
                 reaped.append(job_id)
@@ -151,7 +253,11 @@ def reap_expired(store: JobStore, lease_s: float, retry: Callable[[str], None] |
 
 class Reaper:
     """Runs ``reap_expired`` every ``interval_s`` in one process of the cluster at a time, and
-    ``every_tick`` (node-local duties) in every process."""
+    ``every_tick`` (node-local duties) in every process.
+
+    On taking the lock, and when the indexes drift from the status counters, it runs
+    ``backfill`` first (rate-limited, and not again for a drift a backfill could not mend: the
+    counters' own error, say a record deleted by hand)."""
 
     def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float,
                  retry: Callable[[str], None] | None = None,
@@ -161,6 +267,8 @@ class Reaper:
         self.on_reaped, self.every_tick = on_reaped, every_tick
         self.lease_s, self.interval_s = lease_s, interval_s
         self._stop = threading.Event()
+        self._backfilled_at: float | None = None  # monotonic; None: not since taking the lock
+        self._accepted_drift = (0, 0)
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="prorl-reaper", daemon=True).start()
@@ -168,16 +276,42 @@ class Reaper:
     def stop(self) -> None:
         self._stop.set()
 
+    def tick(self) -> list[str]:
+        """One round: the node-local duties, then (holding the lock) the reaping; returns the
+        ids reaped."""
+        self.every_tick()  # node-local duties of every worker (sandboxes of dead owners)
+        lock_s = max(1, int(self.interval_s * 2))
+        redis_ = self.store.redis
+        if redis_.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s):
+            self._backfilled_at = None  # the lock changed hands: its last holder may be older code
+        elif redis_.get(keys.REAPER_LOCK) == self.owner:
+            redis_.expire(keys.REAPER_LOCK, lock_s)
+        else:
+            return []
+        self._mend_indexes()
+        reaped = reap_expired(self.store, self.lease_s, self.retry, self.heartbeat_s)
+        if reaped:
+            self.on_reaped(reaped)
+        return reaped
+
+    def _mend_indexes(self) -> None:
+        if self._backfilled_at is not None:
+            drift = index_drift(self.store)
+            if drift in {(0, 0), self._accepted_drift} or \
+                    time.monotonic() - self._backfilled_at < BACKFILL_MIN_INTERVAL_S:
+                return
+            log.warning("reaper: indexes off the status counters by %s (executing, pending_run); backfilling", drift)
+        started = time.monotonic()
+        changed = backfill(self.store, self.lease_s)
+        self._backfilled_at = time.monotonic()
+        self._accepted_drift = index_drift(self.store)
+        if changed:
+            log.warning("reaper: backfill indexed or dropped %d entries in %.2f s", changed,
+                        self._backfilled_at - started)
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.every_tick()  # node-local duties of every worker (sandboxes of dead owners)
-                lock_s = max(1, int(self.interval_s * 2))
-                if self.store.redis.set(keys.REAPER_LOCK, self.owner, nx=True, ex=lock_s) or \
-                        self.store.redis.get(keys.REAPER_LOCK) == self.owner:
-                    self.store.redis.expire(keys.REAPER_LOCK, lock_s)
-                    reaped = reap_expired(self.store, self.lease_s, self.retry, self.heartbeat_s)
-                    if reaped:
-                        self.on_reaped(reaped)
+                self.tick()
             except Exception as error:  # noqa: BLE001 - the reaper must keep running
                 log.warning("reaper: %s", error)

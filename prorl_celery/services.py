@@ -33,7 +33,7 @@ class Services:
 
     @cached_property
     def store(self) -> JobStore:
-        return JobStore(self.redis, result_ttl_s=self.settings.result_ttl_s)
+        return JobStore(self.redis, result_ttl_s=self.settings.result_ttl_s, lease_s=self.settings.lease_s)
 
     @cached_property
     def pool(self) -> BackendPool:

@@ -58,6 +58,11 @@ class JobStatus(str, Enum):
         return Stage(self.value.removeprefix("pending_"))
 
 
+#: the statuses in which a stage executes and holds a lease (the scripts receive them as ARGV)
+EXECUTING: frozenset[JobStatus] = frozenset(stage.active for stage in Stage)
+#: the one status in which a job may wait in a node's own queue (``run.<node>``, where its
+#: sandbox lives): a job in it is stranded when that node has no live RUN worker
+WAITING_ON_NODE = JobStatus.PENDING_RUN
 TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMEOUT})
 NON_TERMINAL = frozenset(set(JobStatus) - TERMINAL)
 

@@ -18,7 +18,8 @@ import redis
 
 from . import keys
 from .errors import JobNotFound, ServiceStopped
-from .status import ALLOWED_FROM, JobStatus, Stage
+from .settings import Settings
+from .status import ALLOWED_FROM, EXECUTING, WAITING_ON_NODE, JobStatus, Stage
 from .waiting import CompletionWaiter
 
 #: job record fields stored as JSON text
@@ -38,6 +39,18 @@ _waiter_lock = threading.Lock()
 def load_script(client: redis.Redis, name: str):
     source = resources.files("prorl_celery").joinpath(f"lua/{name}.lua").read_text()
     return client.register_script(source)
+
+
+def index_spec(lease_s: float) -> str:
+    """The reaper's indexes as the scripts receive them (one ARGV, JSON): which statuses hold a
+    lease and for how long a claim takes it, and where jobs waiting for RUN are listed."""
+    return json.dumps({"executing": sorted(s.value for s in EXECUTING), "lease_s": lease_s,
+                       "waiting": WAITING_ON_NODE.value, "shared_queue": Stage.RUN.value,
+                       "waiting_prefix": keys.WAITING_RUN})
+
+
+#: a claim's lease for a store built without one (the services pass settings.lease_s)
+DEFAULT_LEASE_S: float = Settings.model_fields["lease_s"].default
 
 
 @dataclass(frozen=True)
@@ -86,9 +99,11 @@ def decode_record(raw: dict[str, str]) -> dict[str, Any]:
 class JobStore:
     """Job state in Redis. Thread-safe; share one per process."""
 
-    def __init__(self, client: redis.Redis, *, result_ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, *, result_ttl_s: int, lease_s: float = DEFAULT_LEASE_S) -> None:
         self.redis = client
         self.result_ttl_s = result_ttl_s
+        self.lease_s = lease_s  # a stage claim holds its lease this long (renewals extend it)
+        self._index = index_spec(lease_s)
         self._create = load_script(client, "create_job")
         self._transition = load_script(client, "transition")
         self._waiter: CompletionWaiter | None = None
@@ -137,9 +152,9 @@ class JobStore:
             self.redis.hset(keys.job(job_id), mapping=dict(zip(*[iter(_encode(fields))] * 2)))
             return True
         allowed = status.value if status is not None else ",".join(s.value for s in JobStatus)
-        reply = self._transition(keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.JOBS_ENDED, keys.ACTIVE_JOBS],
+        reply = self._transition(keys=self._transition_keys(job_id),
                                  args=[job_id, "", allowed, "none", 0, self.result_ttl_s, 0,
-                                       "" if attempt is None else attempt, "", 0, *_encode(fields)])
+                                       "" if attempt is None else attempt, "", 0, self._index, *_encode(fields)])
         return bool(reply[0])
 
     # -- transitions --------------------------------------------------------------------------
@@ -155,9 +170,9 @@ class JobStore:
         # each transition writes its own token, so that after a lost reply we can tell whether it
         # happened: a Redis restart must neither strand the job nor move it twice
         token = uuid.uuid4().hex
-        job_keys = [keys.job(job_id), keys.STATUS_COUNTS, keys.JOBS_ENDED, keys.ACTIVE_JOBS]
+        job_keys = self._transition_keys(job_id)
         args = [job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s, int(with_record),
-                "" if attempt is None else attempt, keys.MINUTE_STATS, keys.MINUTE_STATS_TTL_S,
+                "" if attempt is None else attempt, keys.MINUTE_STATS, keys.MINUTE_STATS_TTL_S, self._index,
                 *_encode({**(fields or {}), "transition_id": token})]
         deadline = time.monotonic() + REDIS_OUTAGE_S
         while True:
@@ -176,6 +191,11 @@ class JobStore:
             return Transition(False, previous)
         record = decode_record(dict(zip(reply[4][::2], reply[4][1::2]))) if with_record else None
         return Transition(True, previous, float(reply[2]), record)
+
+    @staticmethod
+    def _transition_keys(job_id: str) -> list[str]:
+        return [keys.job(job_id), keys.STATUS_COUNTS, keys.JOBS_ENDED, keys.ACTIVE_JOBS, keys.LEASES,
+                keys.WAITING_RUN_QUEUES]
 
     def _landed(self, job_id: str, token: str, with_record: bool) -> Transition | None:
         """The transition whose reply was lost, if it took place (else None: send it again)."""

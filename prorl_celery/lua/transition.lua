@@ -3,8 +3,12 @@
 -- KEYS[2] prorl:stats:status      status counters (hash)
 -- KEYS[3] prorl:jobs:ended        stream of ended jobs ({job, status}; capped), tailed by waiters
 -- KEYS[4] prorl:jobs:active       ids of jobs not yet ended (set)
+-- KEYS[5] prorl:jobs:leases       job id -> lease deadline of its executing stage (zset)
+-- KEYS[6] prorl:jobs:waiting_run  queue -> node it is local to ("" if shared), per queue with jobs
+--                                 in pending_run (hash); each queue's ids in
+--                                 <ARGV[11].waiting_prefix><queue> (set)
 -- ARGV[1] job id
--- ARGV[2] target status, or "" to only set the fields (ARGV[11..]) under the same guard
+-- ARGV[2] target status, or "" to only set the fields (ARGV[12..]) under the same guard
 -- ARGV[3] allowed current statuses, comma separated (from prorl_celery.status.ALLOWED_FROM)
 -- ARGV[4] timer operation: "resume" (a stage starts) | "pause" (a stage ends) | "none"
 -- ARGV[5] "1" when the target is terminal
@@ -14,7 +18,9 @@
 --         given up (its worker was presumed lost) cannot move the retried job
 -- ARGV[9] key prefix of the per-minute ended-job counters (prorl:stats:minute:), "" for none
 -- ARGV[10] TTL in seconds of those counters
--- ARGV[11..] field, value pairs to set on the job record
+-- ARGV[11] the indexes, JSON: {executing: [statuses], lease_s, waiting: "pending_run",
+--          shared_queue: "run", waiting_prefix} (from prorl_celery.status and keys)
+-- ARGV[12..] field, value pairs to set on the job record
 -- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success
 --         ({1, current status} for a guarded write of fields only),
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
@@ -31,7 +37,7 @@ if ARGV[8] ~= '' and (redis.call('HGET', KEYS[1], 'attempt') or '1') ~= ARGV[8] 
 end
 if ARGV[2] == '' then
   -- a stage's own fields while it runs (sandbox, backend): never onto another attempt's job
-  if #ARGV > 10 then redis.call('HSET', KEYS[1], unpack(ARGV, 11)) end
+  if #ARGV > 11 then redis.call('HSET', KEYS[1], unpack(ARGV, 12)) end
   return {1, current}
 end
 
@@ -54,8 +60,35 @@ end
 if ARGV[5] == '1' then
   table.insert(updates, 'ended_at'); table.insert(updates, stamp)
 end
-for i = 11, #ARGV do table.insert(updates, ARGV[i]) end
+for i = 12, #ARGV do table.insert(updates, ARGV[i]) end
+-- the queue a job leaves pending_run from, read before the fields (a retry clears run_queue)
+local index = cjson.decode(ARGV[11])
+local left_queue = nil
+if current == index.waiting then left_queue = redis.call('HGET', KEYS[1], 'run_queue') or '' end
 redis.call('HSET', KEYS[1], unpack(updates))
+-- The indexes move with the status, in this script only, so the reaper reads candidates instead
+-- of every active job: a stage claim takes a lease until now + lease_s (renew_leases.lua extends
+-- it); leaving an executing status drops it. A job in pending_run sits in its queue's set.
+local executing = {}
+for _, status in ipairs(index.executing) do executing[status] = true end
+if executing[ARGV[2]] then
+  redis.call('ZADD', KEYS[5], string.format('%.6f', now + tonumber(index.lease_s)), ARGV[1])
+elseif executing[current] then
+  redis.call('ZREM', KEYS[5], ARGV[1])
+end
+if left_queue then  -- a status never moves to itself, so the job left pending_run
+  local queue = left_queue ~= '' and left_queue or index.shared_queue
+  local waiting = index.waiting_prefix .. queue
+  redis.call('SREM', waiting, ARGV[1])
+  if redis.call('SCARD', waiting) == 0 then redis.call('HDEL', KEYS[6], queue) end
+end
+if ARGV[2] == index.waiting then
+  local at = redis.call('HMGET', KEYS[1], 'run_queue', 'init_node')
+  local queue, node = at[1] or '', ''
+  if queue == '' then queue = index.shared_queue else node = at[2] or '' end
+  redis.call('SADD', index.waiting_prefix .. queue, ARGV[1])
+  redis.call('HSET', KEYS[6], queue, node)
+end
 redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 if ARGV[5] == '1' then
@@ -67,7 +100,7 @@ if ARGV[5] == '1' then
     local minute = ARGV[9] .. string.format('%d', math.floor(now / 60) * 60)
     redis.call('HINCRBY', minute, ARGV[2], 1)
     if ARGV[2] == 'completed' then
-      for i = 11, #ARGV - 1, 2 do
+      for i = 12, #ARGV - 1, 2 do
         if ARGV[i] == 'reward' and tonumber(ARGV[i + 1]) then
           redis.call('HINCRBYFLOAT', minute, 'reward_sum', ARGV[i + 1])
         end

@@ -1,0 +1,195 @@
+"""The reaper's indexes against a real redis-server: the lease index and the RUN-queue lists move
+with every transition, a tick's Redis work does not grow with the number of active jobs, and
+jobs written without the indexes (an older version) are still reaped."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+import redis
+
+from prorl_celery import keys, leases
+from prorl_celery.leases import LeaseKeeper, Reaper, backfill, index_drift
+from prorl_celery.local import ManagedProcess, free_port, wait_until
+from prorl_celery.status import JobStatus, Stage
+from prorl_celery.store import JobStore
+
+LEASE_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory) -> str:
+    """A redis-server of this module's own: INFO commandstats counts every client of a server."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is required for the integration tests (apt-get install redis-server)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("redis-leases") / "redis.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                    "--appendonly", "no"], stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    handle = ManagedProcess("redis-leases", process, log)
+    url = f"redis://127.0.0.1:{port}"
+    wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", handle)
+    yield url
+    handle.stop()
+
+
+@pytest.fixture
+def client(own_redis):
+    connection = redis.Redis.from_url(own_redis, decode_responses=True)
+    connection.flushall()
+    yield connection
+    connection.flushall()
+
+
+def make_store(client: redis.Redis) -> JobStore:
+    return JobStore(client, result_ttl_s=60, lease_s=LEASE_S)
+
+
+def workers(client: redis.Redis) -> None:
+    """One live RUN worker on node "live", one on node "dead" whose heartbeats stopped."""
+    now = time.time()
+    for name, node, beat in (("run-live@h", "live", now), ("run-dead@h", "dead", now - 60)):
+        client.zadd(keys.WORKERS, {name: beat})
+        client.hset(keys.worker(name), mapping={"node": node, "queues": f"run,run.{node}"})
+
+
+def waiting_for_run(store: JobStore, job_id: str, node: str) -> None:
+    assert store.claim_stage(job_id, Stage.INIT, {"init_node": node}).ok
+    assert store.hand_over(job_id, Stage.INIT, {"run_queue": f"run.{node}"}, attempt=1).ok
+
+
+def commands_of(client: redis.Redis, action) -> tuple[int, dict[str, int]]:
+    """Redis commands ``action`` makes the server run, those run inside scripts included."""
+    client.config_resetstat()
+    result = action()
+    stats = {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in client.info("commandstats").items()}
+    stats = {name: calls for name, calls in stats.items() if name not in {"config|resetstat", "config", "info"}}
+    return result, stats
+
+
+def test_indexes_follow_the_job_through_its_stages(client):
+    store = make_store(client)
+    store.create("j", {"task": "noop", "instance": {}, "budget_s": 10, "attempt": 1, "max_attempts": 2})
+    assert client.zcard(keys.LEASES) == 0
+    claimed_at = store.server_time()
+    assert store.claim_stage("j", Stage.INIT, {"init_node": "n1"}).ok
+    assert client.zscore(keys.LEASES, "j") == pytest.approx(claimed_at + LEASE_S, abs=0.5)
+    keeper = LeaseKeeper(client, lease_s=100)
+    keeper.hold("j")
+    keeper.close()
+    assert keeper.renew_now() == 1
+    assert client.zscore(keys.LEASES, "j") == pytest.approx(float(client.hget(keys.job("j"), "lease_until")))
+    assert client.zscore(keys.LEASES, "j") > claimed_at + 90
+    assert store.hand_over("j", Stage.INIT, {"run_queue": "run.n1"}, attempt=1).ok
+    assert client.zcard(keys.LEASES) == 0 and keeper.renew_now() == 0  # a renewal never re-adds it
+    assert client.smembers(keys.waiting_run("run.n1")) == {"j"}
+    assert client.hgetall(keys.WAITING_RUN_QUEUES) == {"run.n1": "n1"}
+    assert index_drift(store) == (0, 0)
+    # retried from INIT (its node died): off the node's list, whose entry goes with its last job
+    assert store.transition("j", JobStatus.PENDING_INIT, only_from=JobStatus.PENDING_RUN, attempt=1,
+                            fields={**leases.RETRY_RESET, "attempt": 2}).ok
+    assert not client.exists(keys.waiting_run("run.n1")) and client.hgetall(keys.WAITING_RUN_QUEUES) == {}
+    assert store.claim_stage("j", Stage.INIT).ok
+    assert store.hand_over("j", Stage.INIT, {"run_queue": ""}, attempt=2).ok  # the shared queue: no node
+    assert client.hgetall(keys.WAITING_RUN_QUEUES) == {"run": ""} and client.smembers(keys.waiting_run("run")) == {"j"}
+    assert store.claim_stage("j", Stage.RUN).ok
+    assert client.hgetall(keys.WAITING_RUN_QUEUES) == {} and client.zscore(keys.LEASES, "j") is not None
+    assert index_drift(store) == (0, 0)
+    assert store.cancel("j").ok
+    assert client.zcard(keys.LEASES) == 0 and index_drift(store) == (0, 0)
+
+
+FIELDS = {"task": "noop", "instance": {}, "budget_s": 100, "attempt": 1, "max_attempts": 1}
+
+
+def populate(store: JobStore, active: int) -> None:
+    """``active`` jobs (created pipelined): 15 % executing INIT, their leases renewed far ahead
+    (their workers live), 5 % waiting in a live node's RUN queue, the rest waiting for INIT."""
+    client = store.redis
+    workers(client)
+    ids = [f"job-{i}" for i in range(active)]
+    for start in range(0, active, 2000):
+        store.create_many([(job_id, FIELDS) for job_id in ids[start:start + 2000]])
+    executing, waiting = ids[: active * 15 // 100], ids[active * 15 // 100: active * 20 // 100]
+    for job_id in executing:
+        assert store.claim_stage(job_id, Stage.INIT, {"init_node": "live"}).ok
+    keeper = LeaseKeeper(client, lease_s=600)
+    for job_id in executing:
+        keeper.hold(job_id)
+    keeper.close()
+    assert keeper.renew_now() == len(executing)
+    for job_id in waiting:
+        waiting_for_run(store, job_id, "live")
+    assert client.scard(keys.ACTIVE_JOBS) == active and client.zcard(keys.LEASES) == len(executing)
+
+
+def one_tick(client: redis.Redis, active: int) -> dict[str, int]:
+    """Commands of one reaper tick among ``active`` jobs that finds one job whose lease ran out
+    and one stranded in a dead node's RUN queue."""
+    client.flushall()
+    store = make_store(client)
+    populate(store, active)
+    reaper = Reaper(store, "reaper-1", lease_s=LEASE_S, interval_s=5, retry=lambda job_id: None, heartbeat_s=1)
+    assert reaper.tick() == []  # takes the lock, so backfills once (nothing to add), reaps nothing
+    store.create_many([("lost", FIELDS), ("stranded", FIELDS)])
+    assert store.claim_stage("lost", Stage.INIT).ok  # and its worker dies: no renewal
+    waiting_for_run(store, "stranded", "dead")
+    time.sleep(max(0.0, float(client.zscore(keys.LEASES, "lost")) - store.server_time()) + 0.05)
+    reaped, stats = commands_of(client, reaper.tick)
+    assert sorted(reaped) == ["lost", "stranded"]
+    lost, stranded = store.load("lost"), store.load("stranded")
+    assert lost["status"] == "failed" and "lease expired" in lost["error"], lost
+    assert stranded["status"] == "failed" and "node lost" in stranded["error"], stranded
+    print(f"{active} active jobs: one tick ran {sum(stats.values())} Redis commands {dict(sorted(stats.items()))}")
+    return stats
+
+
+def test_one_reaper_tick_costs_the_same_for_100_and_10000_active_jobs(client):
+    few, many = one_tick(client, 100), one_tick(client, 10_000)
+    assert few == many
+    # the records read are those of the jobs reaped, never one per active job
+    assert many.get("hmget", 0) <= 6 and sum(many.values()) < 80, many
+
+
+def test_jobs_written_without_the_indexes_are_reaped(client, monkeypatch):
+    """An upgrade: records an older version wrote carry no index entries; the reaper indexes them
+    when it takes the lock, and again when the counters show an older worker claimed since."""
+    store = make_store(client)
+    workers(client)
+    store.create_many([(job_id, FIELDS) for job_id in ("old-lost", "old-stranded", "old-queued", "later")])
+    assert store.claim_stage("old-lost", Stage.INIT).ok
+    waiting_for_run(store, "old-stranded", "dead")
+    waiting_for_run(store, "old-queued", "live")
+    client.delete(keys.LEASES, keys.WAITING_RUN_QUEUES, keys.waiting_run("run.dead"), keys.waiting_run("run.live"))
+    assert index_drift(store) == (1, 2)
+    time.sleep(LEASE_S + 0.1)
+    reaper = Reaper(store, "reaper-new", lease_s=LEASE_S, interval_s=5, heartbeat_s=1)
+    assert sorted(reaper.tick()) == ["old-lost", "old-stranded"]
+    assert client.smembers(keys.waiting_run("run.live")) == {"old-queued"} and index_drift(store) == (0, 0)
+    # an older worker, still running beside the new reaper, claims a job and dies
+    assert store.claim_stage("later", Stage.INIT).ok
+    client.zrem(keys.LEASES, "later")
+    time.sleep(LEASE_S + 0.1)
+    monkeypatch.setattr(leases, "BACKFILL_MIN_INTERVAL_S", 0.0)
+    assert reaper.tick() == ["later"]
+    assert index_drift(store) == (0, 0) and backfill(store, LEASE_S) == 0
+
+
+def test_stale_entries_are_dropped_not_reaped(client):
+    """An entry whose job has left its status (an older version moved it) is taken out of the
+    index by the reaper, never given up."""
+    store = make_store(client)
+    workers(client)
+    store.create_many([("a", FIELDS), ("b", FIELDS)])
+    assert store.claim_stage("a", Stage.INIT).ok
+    waiting_for_run(store, "b", "dead")
+    client.hset(keys.job("a"), "status", "pending_run")  # as an older transition script would leave it
+    client.hset(keys.job("b"), "status", "run")
+    time.sleep(LEASE_S + 0.1)
+    assert leases.reap_expired(store, LEASE_S, heartbeat_s=1) == []
+    assert client.zscore(keys.LEASES, "a") is None and not client.sismember(keys.waiting_run("run.dead"), "b")
