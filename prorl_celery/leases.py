@@ -26,7 +26,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -110,7 +110,8 @@ def expired_jobs(store: JobStore, lease_s: float, limit: int = REAP_BATCH) -> li
     """Jobs in an executing status whose lease ran out, with the stage they were in: at most
     ``limit``, from the lease index (only the entries whose deadline has passed are read)."""
     now = store.server_time()
-    job_ids = store.redis.zrangebyscore(keys.LEASES, "-inf", now, start=0, num=limit)
+    # decode_responses clients (the services'): str, whatever redis-py's stubs allow
+    job_ids = cast(list[str], store.redis.zrangebyscore(keys.LEASES, "-inf", now, start=0, num=limit))
     if not job_ids:
         return []
     pipe = store.redis.pipeline(transaction=False)
@@ -146,8 +147,9 @@ def stranded_jobs(store: JobStore, live: set[tuple[str, str]], limit: int = REAP
     """Jobs waiting in ``run.<node>`` whose node has no live worker on that queue: the node that
     ran their INIT (and holds their sandbox) is gone, so no RUN will ever claim them. At most
     ``limit``; only the queues of such nodes are looked into."""
-    queues = store.redis.hgetall(keys.WAITING_RUN_QUEUES)  # queue -> node: one per node, not per job
-    dead = [queue for queue, node in queues.items() if node and (node, queue) not in live]
+    # queue -> node: one entry per node, not per job
+    queues = cast(dict[str, str], store.redis.hgetall(keys.WAITING_RUN_QUEUES))
+    dead = [queue for queue, node in queues.items() if queue != Stage.RUN.value and (node, queue) not in live]
     if not dead:
         return []
     pipe = store.redis.pipeline(transaction=False)
@@ -187,7 +189,7 @@ def backfill(store: JobStore, lease_s: float) -> int:
     changed = reindex(store, store.redis.sscan_iter(keys.ACTIVE_JOBS, count=BACKFILL_BATCH), lease_s)
     changed += reindex(store, (job_id for job_id, _ in store.redis.zscan_iter(keys.LEASES, count=BACKFILL_BATCH)),
                        lease_s)
-    for queue in store.redis.hkeys(keys.WAITING_RUN_QUEUES):
+    for queue in cast(list[str], store.redis.hkeys(keys.WAITING_RUN_QUEUES)):
         changed += reindex(store, store.redis.sscan_iter(keys.waiting_run(queue), count=BACKFILL_BATCH),
                            lease_s, queue=queue)
     return changed

@@ -20,15 +20,15 @@ class Stage(str, Enum):
     EVAL = "eval"
 
     @property
-    def pending(self) -> "JobStatus":
+    def pending(self) -> JobStatus:
         return JobStatus(f"pending_{self.value}")
 
     @property
-    def active(self) -> "JobStatus":
+    def active(self) -> JobStatus:
         return JobStatus(self.value)
 
     @property
-    def next(self) -> "Stage | None":
+    def next(self) -> Stage | None:
         order = list(Stage)
         index = order.index(self)
         return order[index + 1] if index + 1 < len(order) else None

@@ -135,11 +135,13 @@ def one_tick(client: redis.Redis, active: int) -> dict[str, int]:
     store = make_store(client)
     populate(store, active)
     reaper = Reaper(store, "reaper-1", lease_s=LEASE_S, interval_s=5, retry=lambda job_id: None, heartbeat_s=1)
+    workers(client)  # beats again: populating may take longer than a heartbeat's 6 s of grace
     assert reaper.tick() == []  # takes the lock, so backfills once (nothing to add), reaps nothing
     store.create_many([("lost", FIELDS), ("stranded", FIELDS)])
     assert store.claim_stage("lost", Stage.INIT).ok  # and its worker dies: no renewal
     waiting_for_run(store, "stranded", "dead")
     time.sleep(max(0.0, float(client.zscore(keys.LEASES, "lost")) - store.server_time()) + 0.05)
+    workers(client)
     reaped, stats = commands_of(client, reaper.tick)
     assert sorted(reaped) == ["lost", "stranded"]
     lost, stranded = store.load("lost"), store.load("stranded")
@@ -193,3 +195,17 @@ def test_stale_entries_are_dropped_not_reaped(client):
     time.sleep(LEASE_S + 0.1)
     assert leases.reap_expired(store, LEASE_S, heartbeat_s=1) == []
     assert client.zscore(keys.LEASES, "a") is None and not client.sismember(keys.waiting_run("run.dead"), "b")
+
+
+def test_a_reaper_with_a_longer_lease_waits_for_its_own(client):
+    """The record decides, as before the index: a claim that took a 1 s lease is reaped by a
+    reaper whose lease is 3 s only after 3 s; meanwhile its entry is moved to that deadline."""
+    store = make_store(client)
+    store.create("j", FIELDS)
+    assert store.claim_stage("j", Stage.INIT).ok
+    claimed_at = float(client.hget(keys.job("j"), "status_at"))
+    time.sleep(LEASE_S + 0.1)
+    assert leases.expired_jobs(store, lease_s=3.0) == []
+    assert client.zscore(keys.LEASES, "j") == pytest.approx(claimed_at + 3.0, abs=1e-3)
+    time.sleep(max(0.0, claimed_at + 3.0 - store.server_time()) + 0.05)
+    assert leases.expired_jobs(store, lease_s=3.0) == [("j", Stage.INIT)]
