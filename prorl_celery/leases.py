@@ -224,7 +224,8 @@ def give_up(store: JobStore, job_id: str, stage: Stage, reason: str,
     attempt, max_attempts = (int(v or 1) for v in store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts"]))
     if retry is not None and attempt < max_attempts:
         moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=status,
-                                 attempt=attempt, fields={**RETRY_RESET, "attempt": attempt + 1, "retry_reason": reason})
+                                 attempt=attempt,
+                                 fields={**RETRY_RESET, "attempt": attempt + 1, "retry_reason": reason})
         if moved.ok:
             log.warning("job %s: %s; retrying from INIT (attempt %d)", job_id, reason, attempt + 1)
             retry(job_id)
