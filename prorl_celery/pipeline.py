@@ -24,7 +24,7 @@ from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
 from .nodes import has_live_worker
-from .sandboxing import tool_client
+from .job_sandboxes import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
 

@@ -20,7 +20,7 @@ from .settings import Settings, get_settings
 from .store import JobStore
 
 if TYPE_CHECKING:
-    from .sandboxing import JobSandboxes
+    from .job_sandboxes import JobSandboxes
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Services:
 
     @cached_property
     def sandboxes(self) -> "JobSandboxes":
-        from .sandboxing import JobSandboxes  # the sandbox stack is only loaded by workers that use it
+        from .job_sandboxes import JobSandboxes  # the sandbox stack is only loaded by workers that use it
         return JobSandboxes(self.redis, node=self.settings.node, runtime=self.settings.runtime,
                             root=self.settings.sandbox_dir)
 

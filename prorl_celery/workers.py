@@ -103,7 +103,7 @@ def stop_heartbeat(**_: object) -> None:
 def _reap_sandboxes() -> None:
     """Stop the sandboxes on this node whose owner died (at start-up and on every reaper tick)."""
     try:
-        get_services().sandboxes.reap_dead_owners()
+        get_services().sandboxes.reap()
     except Exception as error:  # noqa: BLE001 - a worker must start even if reaping fails
         log.warning("cannot reap sandboxes of dead workers: %s", error)
 

@@ -22,7 +22,7 @@ import redis
 
 from prorl_celery import keys
 from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
-from prorl_celery.sandboxes import RedisSandboxLedger
+from prorl_celery.node_sandboxes import RedisSandboxLedger
 from prorl_celery.status import JobStatus, Stage
 from singularity.runtime import SandboxRecord, procfs
 

@@ -28,11 +28,14 @@ from singularity.runtime import (
     FileSandboxLedger,
     InvalidSpec,
     Limits,
+    ProcessRef,
     ProcessRuntime,
     SandboxSpec,
     SandboxStartError,
+    SandboxStopError,
     procfs,
-    reap_dead_owners,
+    reap,
+    retry_delay,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -377,7 +380,7 @@ def test_killed_owner_is_reaped(env, die_with_parent):
         assert record.sandbox_id == started["id"] and record.worker == "doomed-worker"
         os.kill(record.owner.pid, signal.SIGKILL)
         assert procfs.wait_until(lambda: not procfs.is_alive(record.owner), 10)
-        reports = reap_dead_owners(env.ledger, NODE, allocator=env.allocator, grace_s=1.0)
+        reports = reap(env.ledger, NODE, allocator=env.allocator, grace_s=1.0)
         assert [r.sandbox_id for r in reports] == [started["id"]] and reports[0].left == []
         assert procfs.wait_until(lambda: not procfs.members(record.root, record.pidns, record.refs,
                                                             zombies=True), 10)
@@ -385,7 +388,7 @@ def test_killed_owner_is_reaped(env, die_with_parent):
             info = procfs.read_stat(pid)
             assert info is None or info.start_time != record.root.start_time
         assert env.ledger.list(NODE) == [] and env.allocator.leases() == {}
-        assert reap_dead_owners(env.ledger, NODE, allocator=env.allocator) == []
+        assert reap(env.ledger, NODE, allocator=env.allocator) == []
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
@@ -395,7 +398,7 @@ def test_killed_owner_is_reaped(env, die_with_parent):
 def test_reaper_leaves_live_owners_alone(env):
     async def body():
         async with await env.runtime.start(env.spec()) as sandbox:
-            assert reap_dead_owners(env.ledger, NODE, allocator=env.allocator) == []
+            assert reap(env.ledger, NODE, allocator=env.allocator) == []
             async with sandbox.client() as client:
                 assert (await client.ping()).pong
     run(body())
@@ -441,3 +444,59 @@ def test_concurrent_sandboxes_get_their_own_addresses(env):
             await asyncio.gather(*(s.stop() for s in sandboxes))
         assert env.allocator.leases() == {} and env.ledger.list(NODE) == []
     run(body())
+
+
+class FirstStopFails(BubblewrapRuntime):
+    """Bubblewrap whose first stop sends no signal and reports every member as still running,
+    as when they hang in uninterruptible I/O; every later stop is the real one."""
+
+    failed_stops = 0
+
+    def _terminate(self, root, pidns, refs, grace_s, popen):
+        if not self.failed_stops:
+            self.failed_stops += 1
+            return procfs.members(root, pidns, refs)
+        return super()._terminate(root, pidns, refs, grace_s, popen)
+
+
+def _stop_fails_once(tmp: Path):
+    """A real bubblewrap sandbox (plus a background process) whose first stop has failed."""
+    ledger, allocator = FileSandboxLedger(tmp / "ledger"), FileAddressAllocator(tmp / "leases.json")
+    runtime = FirstStopFails(ledger=ledger, allocator=allocator, node=NODE)
+    async def body():
+        sandbox = await runtime.start(SandboxSpec(image="dev", workspace=tmp / "ws", job_id="stuck"))
+        await sh(sandbox, "sleep 1000 &")
+        seen = snapshot(sandbox)
+        failed_at = time.time()
+        with pytest.raises(SandboxStopError, match="survived SIGKILL; the reaper retries it"):
+            await sandbox.stop(grace_s=0.5)
+        return sandbox, seen, failed_at
+    sandbox, seen, failed_at = run(body())
+    assert runtime.failed_stops == 1 and len(seen) >= 3
+    assert all(procfs.is_alive(ProcessRef(pid=i.pid, start_time=i.start_time)) for i in seen)
+    [record] = ledger.list(NODE)  # still recorded, marked for a retry
+    assert record.sandbox_id == sandbox.id and record.stop_failures == 1
+    assert failed_at + retry_delay(1) <= record.retry_at <= time.time() + retry_delay(1)
+    assert list(allocator.leases().values()) == [sandbox.id] and sandbox.state_dir.exists()
+    return runtime, ledger, allocator, sandbox, seen, record
+
+
+def test_a_failed_stop_is_retried_by_the_reaper_while_its_owner_lives(tmp_path):
+    """The owner (this process) stays alive: before, only its death got the sandbox reaped."""
+    _, ledger, allocator, sandbox, seen, record = _stop_fails_once(tmp_path)
+    assert procfs.is_alive(record.owner)
+    assert reap(ledger, NODE, allocator=allocator) == []  # its retry is not due yet
+    time.sleep(max(0.0, record.retry_at - time.time()))
+    [report] = reap(ledger, NODE, allocator=allocator, grace_s=0.5)
+    assert report.sandbox_id == sandbox.id and report.left == [] and report.stop_failures == 0
+    sandbox.popen.wait(timeout=10)  # bwrap is our child: reaped here as subprocess would later
+    assert_gone(sandbox, seen)
+    assert ledger.list(NODE) == [] and allocator.leases() == {} and not sandbox.state_dir.exists()
+
+
+def test_a_failed_stop_is_retried_by_stopping_again(tmp_path):
+    _, ledger, allocator, sandbox, seen, _ = _stop_fails_once(tmp_path)
+    run(sandbox.stop(grace_s=0.5))
+    assert sandbox.stopped
+    assert_gone(sandbox, seen)
+    assert ledger.list(NODE) == [] and allocator.leases() == {} and not sandbox.state_dir.exists()

@@ -29,7 +29,7 @@ from singularity.runtime import (
     SandboxSpec,
     make_runtime,
     procfs,
-    reap_dead_owners,
+    reap,
 )
 from singularity.runtime.apptainer import instance_exec_command, instance_start_command, instance_stop_command
 from singularity.runtime.base import limit_prefix, sandbox_env
@@ -287,7 +287,7 @@ def test_ledger_and_reaper_on_plain_processes(tmp_path):
                                 root=ProcessRef.of(kept.pid), **common))
     (tmp_path / "ledger" / "n1" / "torn.json").write_text("{not json")
     try:
-        [report] = reap_dead_owners(ledger, "n1", allocator=allocator, grace_s=0.5)
+        [report] = reap(ledger, "n1", allocator=allocator, grace_s=0.5)
         assert report.sandbox_id == "orphan" and len(report.killed) >= 4 and report.left == []
         orphan.wait(timeout=10)
         assert [r.sandbox_id for r in ledger.list("n1")] == ["kept"] and allocator.leases() == {}

@@ -1,16 +1,28 @@
 """The Redis-backed loopback allocator and sandbox ledger, against a real redis-server."""
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 import redis
 
-from prorl_celery.sandboxes import RedisAddressAllocator, RedisSandboxLedger
-from singularity.runtime import AddressExhausted, ProcessRef, SandboxRecord, reap_dead_owners
+from handlers import SandboxRequest
+from prorl_celery.job_sandboxes import JobSandboxes
+from prorl_celery.node_sandboxes import RedisAddressAllocator, RedisSandboxLedger
+from singularity.runtime import (
+    RUNTIMES,
+    AddressExhausted,
+    BubblewrapRuntime,
+    ProcessRef,
+    SandboxRecord,
+    procfs,
+    reap,
+)
 
 NODE = "node-a"
 
@@ -82,8 +94,47 @@ def test_ledger_reaps_sandboxes_of_a_dead_owner(state_url):
     ledger.record(SandboxRecord(sandbox_id="sb-2", node=NODE, job_id="j2", worker="w2", owner=live,
                                 runtime="process", root=live))
     assert [r.sandbox_id for r in ledger.list(NODE)] == ["sb-1", "sb-2"]
-    reports = reap_dead_owners(ledger, NODE, allocator=allocator, grace_s=1.0)
+    reports = reap(ledger, NODE, allocator=allocator, grace_s=1.0)
     assert [r.sandbox_id for r in reports] == ["sb-1"] and reports[0].left == []
     assert orphan.wait(10) is not None  # the orphaned sandbox process was stopped
     assert [r.sandbox_id for r in ledger.list(NODE)] == ["sb-2"]
     assert address not in allocator.leases()
+
+
+class FirstStopFails(BubblewrapRuntime):
+    """Bubblewrap whose first stop sends no signal and reports every member as still running
+    (as when they hang in uninterruptible I/O); every later stop is the real one."""
+
+    failed_stops = 0
+
+    def _terminate(self, root, pidns, refs, grace_s, popen):
+        if not self.failed_stops:
+            self.failed_stops += 1
+            return procfs.members(root, pidns, refs)
+        return super()._terminate(root, pidns, refs, grace_s, popen)
+
+
+def test_a_job_sandbox_whose_stop_failed_is_reaped_while_its_worker_lives(state_url, tmp_path, monkeypatch):
+    """A worker's failed stop stays in the Redis ledger and the worker's reaper tick retries it
+    (the same one every worker runs): the sandbox is gone although its owner never died."""
+    monkeypatch.setitem(RUNTIMES, "first-stop-fails", FirstStopFails)
+    client = redis.Redis.from_url(state_url, decode_responses=True)
+    jobs = JobSandboxes(client, node=NODE, runtime="first-stop-fails", root=str(tmp_path))
+    sandbox = asyncio.run(jobs.start("job-1", SandboxRequest()))
+    [record] = jobs.ledger.list(NODE)
+    seen = procfs.members(record.root, record.pidns, record.refs)
+    assert len(seen) >= 2
+    asyncio.run(jobs.stop(sandbox))  # fails: logged, kept for a retry
+    assert jobs.runtime.failed_stops == 1
+    assert all(procfs.is_alive(ProcessRef(pid=i.pid, start_time=i.start_time)) for i in seen)
+    [failed] = jobs.ledger.list(NODE)
+    assert failed.sandbox_id == sandbox["id"] and failed.stop_failures == 1 and failed.retry_at > time.time()
+    assert os.path.isdir(sandbox["workspace"])  # may still be in use
+    assert procfs.is_alive(failed.owner) and jobs.reap() == 0  # not due yet
+    time.sleep(max(0.0, failed.retry_at - time.time()))
+    assert jobs.reap() == 1
+    assert procfs.wait_until(lambda: not procfs.members(record.root, record.pidns, record.refs), 10)
+    for info in seen:
+        assert not procfs.is_alive(ProcessRef(pid=info.pid, start_time=info.start_time))
+    assert jobs.ledger.list(NODE) == [] and jobs.allocator.leases() == {}
+    assert not os.path.exists(sandbox["workspace"]) and not os.path.exists(record.state_dir)

@@ -6,8 +6,13 @@
     └── ProcessRuntime              NO isolation, development only
 
     AddressAllocator (addresses.py) unique 127.x.y.z per sandbox on a node
-    SandboxLedger (ledger.py)       who owns which sandbox; reap_dead_owners()
+    SandboxLedger (ledger.py)       who owns which sandbox, and which stops failed
+    teardown(), reap() (stopping.py)  the one way a sandbox is torn down; the reaper
+                                    (dead owners; failed stops, retried with backoff)
     procfs.py                       members of a sandbox and how they are stopped, via /proc
+
+In SWE-ReX's terms a Runtime here is a *deployment* (where a sandbox lives: start, teardown)
+and the tool server is the *runtime* (what runs actions); see :mod:`.base`.
 
 Execution goes through the tool server on the sandbox's Unix socket (``Sandbox.client()``).
 Nothing here imports ``prorl_celery``, ``api`` or ``handlers``; the Redis-backed allocator and
@@ -31,16 +36,10 @@ from .errors import (
     SandboxStopError,
 )
 from .layout import DEV_IMAGE
-from .ledger import (
-    FileSandboxLedger,
-    ReapReport,
-    SandboxLedger,
-    SandboxRecord,
-    reap_dead_owners,
-    stop_recorded,
-)
+from .ledger import FileSandboxLedger, SandboxLedger, SandboxRecord
 from .process import ProcessRuntime
 from .procfs import ProcessRef
+from .stopping import ReapReport, reap, retry_delay, teardown
 
 RUNTIMES: dict[str, type[Runtime]] = {
     "bubblewrap": BubblewrapRuntime,
@@ -62,10 +61,34 @@ def make_runtime(name: str, **options: Any) -> Runtime:
 
 
 __all__ = [
-    "AddressAllocator", "AddressExhausted", "ApptainerRuntime", "Availability", "Bind",
-    "BubblewrapRuntime", "DEV_IMAGE", "FileAddressAllocator", "FileSandboxLedger", "InvalidSpec",
-    "Limits", "MemoryAddressAllocator", "ProcessRef", "ProcessRuntime", "RUNTIMES", "ReapReport", "stop_recorded",
-    "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxLedger", "SandboxRecord",
-    "SandboxSpec", "SandboxStartError", "SandboxStartTimeout", "SandboxStopError", "make_runtime",
-    "reap_dead_owners",
+    "DEV_IMAGE",
+    "RUNTIMES",
+    "AddressAllocator",
+    "AddressExhausted",
+    "ApptainerRuntime",
+    "Availability",
+    "Bind",
+    "BubblewrapRuntime",
+    "FileAddressAllocator",
+    "FileSandboxLedger",
+    "InvalidSpec",
+    "Limits",
+    "MemoryAddressAllocator",
+    "ProcessRef",
+    "ProcessRuntime",
+    "ReapReport",
+    "Runtime",
+    "RuntimeUnavailable",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLedger",
+    "SandboxRecord",
+    "SandboxSpec",
+    "SandboxStartError",
+    "SandboxStartTimeout",
+    "SandboxStopError",
+    "make_runtime",
+    "reap",
+    "retry_delay",
+    "teardown",
 ]

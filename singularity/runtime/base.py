@@ -14,8 +14,16 @@ Lifecycle shared by every runtime (:meth:`Runtime.start`, :meth:`Runtime.stop`):
    long-lived thread, as Celery's thread pool does);
 4. the sandbox is recorded in the ownership ledger as soon as its root process exists, and
    start waits for the tool server's ``READY <socket>`` line in the log;
-5. stop sends SIGTERM to every member (see :mod:`.procfs`), SIGKILL after the grace period,
-   checks through /proc that nothing is left, then removes the ledger entry and the lease.
+5. stop (and a start that fails part-way) goes through :func:`.stopping.teardown`, the one
+   teardown path: SIGTERM to every member (see :mod:`.procfs`), SIGKILL after the grace period,
+   a /proc check that nothing is left, then the lease, the state directory and the ledger entry
+   go. A stop that leaves processes running stays in the ledger, marked for a retry, and the
+   node's reaper (:func:`.stopping.reap`) retries it with a bounded backoff until it succeeds.
+
+In SWE-ReX's words, a :class:`Runtime` here is a *deployment* (where a sandbox lives, how it is
+started and torn down) and the tool server on the sandbox's socket is the *runtime* (what runs
+actions). The class keeps its name because ``PRORL_RUNTIME``, the README and the design card
+use it.
 """
 from __future__ import annotations
 
@@ -23,25 +31,32 @@ import asyncio
 import ipaddress
 import os
 import re
-import shutil
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from . import procfs
 from .addresses import AddressAllocator
 from .errors import SandboxStartError, SandboxStartTimeout, SandboxStopError
 from .ledger import SandboxLedger, SandboxRecord
-from .procfs import ProcessRef
+from .procfs import ProcessRef, ProcInfo
+from .stopping import ReapReport, teardown
 
 WORKSPACE = "/workspace"
 SOCKET_DIR = "/run/toolserver"
@@ -150,6 +165,7 @@ class Sandbox:
         self.socket_path, self.address, self.state_dir = socket_path, address, state_dir
         self.root, self.pidns, self.refs = root, pidns, refs
         self.popen, self.leased = popen, leased
+        self.started_at = time.time()
         self.stopped = False
 
     @property
@@ -236,14 +252,14 @@ class Runtime(ABC):
 
         The ledger entry is written as soon as the root process exists (and again with the
         tool server's pid once it is ready), so a worker that dies mid-start leaves a record
-        for :func:`~.ledger.reap_dead_owners`, not an untracked sandbox.
+        for :func:`~.stopping.reap`, not an untracked sandbox.
         """
         sandbox_id = uuid.uuid4().hex[:12]
         sandbox_dir = self.state_dir / sandbox_id
         (sandbox_dir / "sock").mkdir(parents=True, mode=0o755)
         spec.workspace.mkdir(parents=True, exist_ok=True)
         leased = spec.address is None and self.allocator is not None
-        if leased:
+        if leased and self.allocator is not None:
             spec = spec.model_copy(update={"address": self.allocator.allocate(sandbox_id)})
         launch = None
         try:
@@ -279,20 +295,36 @@ class Runtime(ABC):
             self.ledger.record(self._record(sandbox))
 
     async def stop(self, sandbox: Sandbox, grace_s: float | None = None) -> None:
-        """SIGTERM everything, SIGKILL after ``grace_s``; raise if /proc still shows a member."""
+        """SIGTERM everything, SIGKILL after ``grace_s``; raise if /proc still shows a member.
+
+        A failed stop stays in the ledger and the reaper retries it; calling stop again also
+        retries."""
         if sandbox.stopped:
             return
-        grace = self.stop_grace_s if grace_s is None else grace_s
-        left = await asyncio.to_thread(procfs.terminate, sandbox.root, sandbox.pidns, sandbox.refs,
-                                       grace, sandbox.popen)
-        if left:
-            raise SandboxStopError(f"sandbox {sandbox.id}: pids {[i.pid for i in left]} survived SIGKILL")
+        # the ledger's entry, not one made afresh: RUN may have adopted it, a failed stop counted
+        record = (self.ledger.get(self.node, sandbox.id) if self.ledger is not None else None) \
+            or self._record(sandbox)
+        report = await asyncio.to_thread(self.teardown, record, grace_s=grace_s, popen=sandbox.popen)
+        if report.left:
+            retry = "; the reaper retries it" if self.ledger is not None else ""
+            raise SandboxStopError(f"sandbox {sandbox.id}: pids {report.left} survived SIGKILL{retry}")
         sandbox.stopped = True
-        if self.ledger is not None:
-            self.ledger.remove(self.node, sandbox.id)
-        if sandbox.leased and self.allocator is not None and sandbox.address:
-            self.allocator.release(sandbox.address, sandbox.id)
-        shutil.rmtree(sandbox.state_dir, ignore_errors=True)
+
+    def teardown(self, record: SandboxRecord, *, grace_s: float | None = None,
+                 popen: subprocess.Popen | None = None) -> ReapReport:
+        """Stop a sandbox from its ledger entry, from any process of this node (blocking): the
+        one teardown path (:func:`.stopping.teardown`) with this runtime's ledger, allocator
+        and :meth:`_terminate`."""
+        grace = self.stop_grace_s if grace_s is None else grace_s
+        return teardown(record, ledger=self.ledger, allocator=self.allocator, grace_s=grace,
+                        popen=popen, terminate=self._terminate)
+
+    def _terminate(self, root: ProcessRef | None, pidns: int | None, refs: Iterable[ProcessRef],
+                   grace_s: float, popen: subprocess.Popen | None) -> list[ProcInfo]:
+        """Hook: stop a sandbox's members, return what still runs. Every runtime's sandboxes
+        are found and stopped through /proc (:func:`.procfs.terminate`); a runtime with a
+        stop of its own (an instance manager) would override this."""
+        return procfs.terminate(root, pidns, refs, grace_s, popen)
 
     async def _wait_ready(self, launch: Launch, sandbox_dir: Path) -> None:
         log_path = sandbox_dir / "server.log"
@@ -312,13 +344,16 @@ class Runtime(ABC):
 
     def _abort(self, launch: Launch | None, spec: SandboxSpec, sandbox_dir: Path, leased: bool,
                sandbox_id: str) -> None:
-        if launch is not None:
-            procfs.terminate(_ref(launch.popen.pid), launch.pidns, launch.refs, 0.5, launch.popen)
-        if self.ledger is not None:
-            self.ledger.remove(self.node, sandbox_id)
-        if leased and self.allocator is not None and spec.address:
-            self.allocator.release(spec.address, sandbox_id)
-        shutil.rmtree(sandbox_dir, ignore_errors=True)
+        """A start failed: tear down whatever it got to, the same way a stop does."""
+        record = SandboxRecord(
+            sandbox_id=sandbox_id, node=self.node, job_id=spec.job_id, worker=self.worker,
+            owner=_ref(os.getpid()), runtime=self.name,
+            root=_ref(launch.popen.pid) if launch is not None else None,
+            pidns=launch.pidns if launch is not None else None,
+            refs=launch.refs if launch is not None else [],
+            address=spec.address if leased else None, state_dir=str(sandbox_dir),
+            workspace=str(spec.workspace), started_at=time.time())
+        self.teardown(record, grace_s=0.5, popen=launch.popen if launch is not None else None)
 
     def _record(self, sandbox: Sandbox) -> SandboxRecord:
         return SandboxRecord(
@@ -326,7 +361,7 @@ class Runtime(ABC):
             owner=_ref(os.getpid()), runtime=self.name, root=sandbox.root, pidns=sandbox.pidns,
             refs=sandbox.refs, address=sandbox.address if sandbox.leased else None,
             socket_path=str(sandbox.socket_path), state_dir=str(sandbox.state_dir),
-            workspace=str(sandbox.workspace), started_at=time.time())
+            workspace=str(sandbox.workspace), started_at=sandbox.started_at)
 
 
 def sandbox_env(spec: SandboxSpec, *, path: str = DEFAULT_PATH, home: str = "/tmp",

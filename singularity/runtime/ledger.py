@@ -1,10 +1,12 @@
 """The ownership ledger: which worker process owns which sandbox on a node.
 
 Every sandbox is recorded when it starts (node, job, worker, owner pid and start time, the
-sandbox's root process, pid namespace and tool server) and removed when it stops. A worker
-starting on a node calls :func:`reap_dead_owners`: sandboxes whose owner process is gone are
-stopped by their recorded processes (pid + start time, pid namespace inode, descendants), never
-by a name pattern (``pkill -f`` would hit other users' processes on a shared node).
+sandbox's root process, pid namespace and tool server) and removed once a stop has left nothing
+running; a failed stop stays recorded, marked for a retry. Every worker of a node runs
+:func:`~.stopping.reap` at start-up and on each reaper tick: sandboxes whose owner process is
+gone, and failed stops whose retry is due, are stopped by their recorded processes (pid + start
+time, pid namespace inode, descendants), never by a name pattern (``pkill -f`` would hit other
+users' processes on a shared node).
 
 :class:`SandboxLedger` is the interface; the service's Redis-backed ledger lives in
 ``prorl_celery``. :class:`FileSandboxLedger` keeps one JSON file per sandbox (written atomically
@@ -14,16 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from . import procfs
-from .addresses import AddressAllocator
 from .procfs import ProcessRef
 
 
@@ -37,7 +34,8 @@ class SandboxRecord(BaseModel):
     worker: str  # the worker's name (Celery hostname, or host:pid)
     owner: ProcessRef  # the worker process that started it
     runtime: str
-    root: ProcessRef  # the process the runtime spawned (bwrap, apptainer, subreaper)
+    root: ProcessRef | None  # the process the runtime spawned (bwrap, apptainer, subreaper);
+    # None only for a start that failed before spawning anything
     pidns: int | None = None  # the sandbox's pid namespace inode, when it has one
     refs: list[ProcessRef] = []  # other recorded processes (the tool server)
     address: str | None = None  # the leased loopback address, released when reaped
@@ -45,6 +43,8 @@ class SandboxRecord(BaseModel):
     state_dir: str = ""
     workspace: str = ""  # the host workspace; the caller that made it decides when it goes
     started_at: float = 0.0
+    stop_failures: int = 0  # stops that left processes running; the reaper retries while > 0
+    retry_at: float = 0.0  # wall-clock time (shared by the node's processes) of the next try
 
 
 @runtime_checkable
@@ -57,6 +57,13 @@ class SandboxLedger(Protocol):
 
     def list(self, node: str) -> list[SandboxRecord]:
         """Every entry of ``node``."""
+
+    def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
+        """One entry (None when it is not there)."""
+
+    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
+        """Make ``owner`` (named ``worker``) the sandbox's owner; False when the entry is gone.
+        RUN adopts what INIT started, so the sandbox is reaped if RUN's process dies."""
 
 
 class FileSandboxLedger:
@@ -78,6 +85,19 @@ class FileSandboxLedger:
     def remove(self, node: str, sandbox_id: str) -> None:
         self._path(node, sandbox_id).unlink(missing_ok=True)
 
+    def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
+        try:
+            return SandboxRecord.model_validate_json(self._path(node, sandbox_id).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
+        record = self.get(node, sandbox_id)
+        if record is None:
+            return False
+        self.record(record.model_copy(update={"owner": owner, "worker": worker}))
+        return True
+
     def list(self, node: str) -> list[SandboxRecord]:
         records = []
         for path in sorted((self.root / node).glob("*.json")):
@@ -86,44 +106,3 @@ class FileSandboxLedger:
             except (OSError, ValueError):
                 continue  # removed meanwhile, or a torn file from a crashed writer
         return records
-
-
-class ReapReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    sandbox_id: str
-    job_id: str
-    worker: str
-    killed: list[int]  # pids that were still running and got stopped
-    left: list[int]  # pids still running after SIGKILL (should be empty)
-    workspace: str = ""  # the record's workspace (not removed here: it is the caller's)
-
-
-def stop_recorded(ledger: SandboxLedger, record: SandboxRecord, *,
-                  allocator: AddressAllocator | None = None, grace_s: float = 2.0) -> ReapReport:
-    """Stop a sandbox from its ledger entry, from any process of its node.
-
-    The entry is removed (and its address released) only when /proc shows none of its
-    processes left, so a failed stop is retried by the next reap.
-    """
-    # a recent shared snapshot: its root was started long before, and terminate re-checks
-    running = procfs.members(record.root, record.pidns, record.refs,
-                             newer_than=time.monotonic() - procfs.poll_age_s())
-    left = procfs.terminate(record.root, record.pidns, record.refs, grace_s) if running else []
-    report = ReapReport(sandbox_id=record.sandbox_id, job_id=record.job_id, worker=record.worker,
-                        killed=[i.pid for i in running], left=[i.pid for i in left],
-                        workspace=record.workspace)
-    if not left:
-        if allocator is not None and record.address:
-            allocator.release(record.address, record.sandbox_id)
-        if record.state_dir:
-            shutil.rmtree(record.state_dir, ignore_errors=True)
-        ledger.remove(record.node, record.sandbox_id)
-    return report
-
-
-def reap_dead_owners(ledger: SandboxLedger, node: str, *, allocator: AddressAllocator | None = None,
-                     grace_s: float = 2.0,
-                     owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive) -> list[ReapReport]:
-    """Stop every sandbox of ``node`` whose owner process is dead; return what was done."""
-    return [stop_recorded(ledger, record, allocator=allocator, grace_s=grace_s)
-            for record in ledger.list(node) if not owner_alive(record.owner)]

@@ -1,4 +1,5 @@
-"""Redis-backed sandbox bookkeeping shared by every worker process of a node.
+"""Each node's sandboxes in Redis: their loopback leases and their ownership ledger, shared by
+every worker process of the node.
 
 ``RedisAddressAllocator`` and ``RedisSandboxLedger`` implement the protocols of
 :mod:`singularity.runtime` (``AddressAllocator``, ``SandboxLedger``), so the runtimes stay free
@@ -40,11 +41,18 @@ class RedisAddressAllocator:
         self._release(keys=[keys.node_addresses(self.node)], args=[address, owner or ""])
 
     def leases(self) -> dict[str, str]:
-        return self.redis.hgetall(keys.node_addresses(self.node))
+        entries = self.redis.hgetall(keys.node_addresses(self.node))
+        return {_text(k): _text(v) for k, v in entries.items()}
+
+
+def _text(value: bytes | str) -> str:
+    """A client made without ``decode_responses`` answers bytes."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisSandboxLedger:
-    """Which sandboxes run on which node, owned by which worker process."""
+    """Which sandboxes run on which node, owned by which worker process, and which failed to
+    stop (one hash per node, field = sandbox id, value = the record's JSON)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
@@ -60,7 +68,6 @@ class RedisSandboxLedger:
         return SandboxRecord.model_validate_json(entry) if entry else None
 
     def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
-        """Make ``owner`` the sandbox's owner (RUN adopts what INIT started); False if gone."""
         record = self.get(node, sandbox_id)
         if record is None:
             return False

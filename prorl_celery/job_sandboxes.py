@@ -2,8 +2,9 @@
 
 INIT and RUN run in different worker processes of one node, so a sandbox is handed over
 through its ledger entry (Redis): RUN connects to the tool server's Unix socket and stops the
-sandbox from the entry's process identities. A worker starting on a node reaps the sandboxes
-of dead owners there.
+sandbox from the entry's process identities (the runtime's one teardown path). Every worker on
+a node reaps there at start-up and on each reaper tick: the sandboxes of dead owners, and every
+failed stop whose retry is due, until it succeeds.
 """
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ from singularity.runtime import (
     Runtime,
     SandboxSpec,
     make_runtime,
-    reap_dead_owners,
-    stop_recorded,
+    reap,
 )
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.protocol import SEARCH_CORPUS_ENV
 
-from .sandboxes import RedisAddressAllocator, RedisSandboxLedger
+from .node_sandboxes import RedisAddressAllocator, RedisSandboxLedger
 
 log = logging.getLogger(__name__)
+
+#: SIGTERM to SIGKILL for a job's sandbox: a tool server exits at once, and a /stop with
+#: hundreds of jobs in flight must close them all within seconds
+STOP_GRACE_S = 2.0
 
 
 class JobSandboxes:
@@ -50,7 +54,7 @@ class JobSandboxes:
     def runtime(self) -> Runtime:
         if self._runtime is None:
             options = dict(state_dir=self.root / "state", allocator=self.allocator, ledger=self.ledger,
-                           node=self.node, worker=f"{self.node}:{os.getpid()}")
+                           node=self.node, worker=f"{self.node}:{os.getpid()}", stop_grace_s=STOP_GRACE_S)
             name = self.runtime_name
             if name == "auto":
                 name = "bubblewrap" if shutil.which("bwrap") else "process"
@@ -66,38 +70,43 @@ class JobSandboxes:
         limits = Limits(memory_bytes=request.memory_bytes, max_processes=request.max_processes,
                         cpu_seconds=request.cpu_seconds)
         env = {SEARCH_CORPUS_ENV: request.search_corpus} if request.search_corpus else {}
-        spec = SandboxSpec(image=request.image, workspace=str(workspace), network=request.network,
+        spec = SandboxSpec(image=request.image, workspace=workspace, network=request.network,
                            limits=limits, job_id=job_id, env=env,
-                           binds=tuple(Bind(source=host, target=inside) for host, inside in request.binds))
+                           binds=tuple(Bind(source=Path(host), target=inside) for host, inside in request.binds))
         sandbox = await self.runtime.start(spec)
         return {"id": sandbox.id, "node": self.node, "socket_path": str(sandbox.socket_path),
                 "workspace": str(workspace)}
 
     def adopt(self, sandbox: dict[str, str]) -> None:
         """This process now owns the sandbox: if it dies, the sandbox is reaped with it."""
-        self.ledger.transfer(sandbox["node"], sandbox["id"], ProcessRef.of(os.getpid()),
-                             f"{self.node}:{os.getpid()}")
+        me = ProcessRef.of(os.getpid())
+        assert me is not None  # this process is running
+        self.ledger.transfer(sandbox["node"], sandbox["id"], me, f"{self.node}:{os.getpid()}")
 
     async def stop(self, sandbox: dict[str, str] | None) -> None:
-        """Stop a job's sandbox from any worker process of its node (no error if gone)."""
+        """Stop a job's sandbox from any worker process of its node (no error if gone).
+
+        A stop that leaves processes running keeps its ledger entry, marked for a retry, and
+        :meth:`reap` (every worker's reaper tick) retries it, and removes the workspace once
+        it succeeds."""
         if not sandbox:
             return
         record = self.ledger.get(sandbox["node"], sandbox["id"])
         workspace = sandbox.get("workspace") or (record.workspace if record else "")
         if record is not None:
-            report = await asyncio.to_thread(stop_recorded, self.ledger, record, allocator=self.allocator)
+            report = await asyncio.to_thread(self.runtime.teardown, record)
             if report.left:
-                log.error("sandbox %s: pids %s survived SIGKILL", sandbox["id"], report.left)
-                return  # the workspace may still be in use
+                return  # the workspace may still be in use; the reaper's retry removes it
         self._remove_workspace(workspace)
 
-    def reap_dead_owners(self) -> int:
-        """Stop the sandboxes on this node whose worker process died; returns how many."""
-        reports = reap_dead_owners(self.ledger, self.node, allocator=self.allocator)
+    def reap(self) -> int:
+        """Stop the sandboxes on this node whose worker process died, and retry the failed
+        stops that are due; returns how many were tried."""
+        reports = reap(self.ledger, self.node, allocator=self.allocator, grace_s=STOP_GRACE_S)
         for report in reports:
-            log.warning("reaped sandbox %s of job %s (owner %s gone)", report.sandbox_id, report.job_id,
-                        report.worker)
-            if not report.left:
+            if report.stop_failures == 0:
+                log.warning("reaped sandbox %s of job %s (owner %s gone, or a failed stop retried)",
+                            report.sandbox_id, report.job_id, report.worker)
                 self._remove_workspace(report.workspace)
         return len(reports)
 

@@ -1,0 +1,121 @@
+"""The one way a sandbox is torn down, and the reaper that retries it.
+
+Every stop goes through :func:`teardown`: :meth:`Runtime.stop <.base.Runtime.stop>` (from the
+:class:`~.base.Sandbox` in hand), a start that failed half-way, a worker stopping a sandbox
+another process started (from its ledger entry), and :func:`reap`. It works from a
+:class:`~.ledger.SandboxRecord` alone, so any process of the node can do it:
+
+1. SIGTERM every member, SIGKILL after the grace period, check /proc (:func:`.procfs.terminate`);
+2. nothing left: release the loopback lease, remove the state directory, drop the ledger entry,
+   in that order, so a crash part-way leaves an entry that the next reap finishes;
+3. something left: the entry stays in the ledger, marked with the number of failed stops and
+   when to try again (exponential backoff, capped at :data:`RETRY_MAX_S`). :func:`reap`, which
+   every worker runs on every reaper tick, retries it until it succeeds, whether its owner is
+   alive or not: a failed stop no longer waits for its worker to die.
+
+The job workspace is never removed here: the caller that made it decides (the report carries it).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+from . import procfs
+from .addresses import AddressAllocator
+from .ledger import SandboxLedger, SandboxRecord
+from .procfs import ProcessRef, ProcInfo
+
+log = logging.getLogger(__name__)
+
+#: a failed stop is retried after 1, 2, 4, ... s, never more than a minute apart (a stuck
+#: process, e.g. in uninterruptible I/O, may need a while; a minute keeps the reaper cheap)
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+#: stops the members of a sandbox and returns what still runs (:func:`.procfs.terminate`'s shape)
+Terminate = Callable[[ProcessRef | None, int | None, Iterable[ProcessRef], float,
+                      subprocess.Popen | None], list[ProcInfo]]
+
+
+class ReapReport(BaseModel):
+    """What one teardown did."""
+
+    model_config = ConfigDict(extra="forbid")
+    sandbox_id: str
+    job_id: str
+    worker: str
+    killed: list[int]  # pids that were still running and got stopped
+    left: list[int]  # pids still running after SIGKILL (empty: the sandbox is gone)
+    workspace: str = ""  # the record's workspace (not removed here: it is the caller's)
+    stop_failures: int = 0  # failed stops so far (0 when this one succeeded)
+    retry_at: float | None = None  # wall-clock time of the next try, when this one failed
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds between the ``failures``-th failed stop and the next try (bounded backoff)."""
+    return min(RETRY_MAX_S, RETRY_FIRST_S * 2.0 ** min(max(0, failures - 1), 32))
+
+
+def _terminate(root: ProcessRef | None, pidns: int | None, refs: Iterable[ProcessRef],
+               grace_s: float, popen: subprocess.Popen | None) -> list[ProcInfo]:
+    return procfs.terminate(root, pidns, refs, grace_s, popen)
+
+
+def teardown(record: SandboxRecord, *, ledger: SandboxLedger | None = None,
+             allocator: AddressAllocator | None = None, grace_s: float = 2.0,
+             popen: subprocess.Popen | None = None,
+             terminate: Terminate = _terminate) -> ReapReport:
+    """Stop the sandbox of ``record`` and clean up after it (see the module docstring).
+
+    ``popen``: the root process when it is the caller's child (it is reaped on the way);
+    ``terminate``: how the members are stopped (a runtime's :meth:`~.base.Runtime._terminate`).
+    """
+    # a recent shared snapshot: its root was started long before, and terminate re-checks
+    running = procfs.members(record.root, record.pidns, record.refs,
+                             newer_than=time.monotonic() - procfs.poll_age_s())
+    left = terminate(record.root, record.pidns, record.refs, grace_s, popen) \
+        if running or popen is not None else []
+    report = ReapReport(sandbox_id=record.sandbox_id, job_id=record.job_id, worker=record.worker,
+                        killed=[i.pid for i in running], left=[i.pid for i in left],
+                        workspace=record.workspace)
+    if left:
+        failures = record.stop_failures + 1
+        retry_at = time.time() + retry_delay(failures)
+        if ledger is not None:  # kept (or put back) so that the reaper retries it
+            ledger.record(record.model_copy(update={"stop_failures": failures, "retry_at": retry_at}))
+        log.error("sandbox %s of job %s: pids %s survived SIGKILL (failed stop %d); retrying in %.0f s",
+                  record.sandbox_id, record.job_id, report.left, failures, retry_at - time.time())
+        return report.model_copy(update={"stop_failures": failures, "retry_at": retry_at})
+    if allocator is not None and record.address:
+        allocator.release(record.address, record.sandbox_id)
+    if record.state_dir:
+        shutil.rmtree(record.state_dir, ignore_errors=True)
+    if ledger is not None:
+        ledger.remove(record.node, record.sandbox_id)
+    return report
+
+
+def due(record: SandboxRecord, now: float,
+        owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive) -> bool:
+    """Is ``record`` the reaper's to stop now? A failed stop, once its retry time has come;
+    any other sandbox once its owner process is dead."""
+    if record.stop_failures:
+        return record.retry_at <= now
+    return not owner_alive(record.owner)
+
+
+def reap(ledger: SandboxLedger, node: str, *, allocator: AddressAllocator | None = None,
+         grace_s: float = 2.0, owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive,
+         now: float | None = None, terminate: Terminate = _terminate) -> list[ReapReport]:
+    """Tear down every sandbox of ``node`` that is :func:`due`; return what was done.
+
+    Sandboxes of live owners that never failed a stop are left alone: they are in use.
+    """
+    moment = time.time() if now is None else now
+    return [teardown(record, ledger=ledger, allocator=allocator, grace_s=grace_s, terminate=terminate)
+            for record in ledger.list(node) if due(record, moment, owner_alive)]
