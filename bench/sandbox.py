@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from singularity.runtime import BubblewrapRuntime, ProcessRuntime, Runtime, SandboxSpec
+from singularity.runtime.layout import python_prefixes
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "sandbox.json"
@@ -42,23 +43,28 @@ TARGET_P50_MS = 100.0
 
 
 def bare_bwrap(command: list[str]) -> list[str]:
-    """bwrap with the runtime's namespaces and a minimal read-only root, running ``command``."""
+    """bwrap with the runtime's namespaces and a minimal read-only root, running ``command``.
+
+    The interpreter's installations (base prefix and a virtualenv's) are bound as the dev image
+    binds them, after the fresh ``/tmp``, so a virtualenv under ``/tmp`` is not hidden by it."""
     args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for name in ("bin", "sbin", "lib", "lib64"):
         path = f"/{name}"
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
-    prefix = os.path.realpath(sys.base_prefix)
-    if not prefix.startswith("/usr"):
+    for prefix in python_prefixes():
         args += ["--ro-bind", prefix, prefix]
     return args + ["--", *command]
 
 
 def time_command(argv: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return (time.perf_counter() - started) * 1000
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    elapsed = (time.perf_counter() - started) * 1000
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited with {done.returncode}: {done.stderr.strip()}\n{argv}")
+    return elapsed
 
 
 async def time_runtime(runtime: Runtime, spec: SandboxSpec) -> tuple[float, float]:

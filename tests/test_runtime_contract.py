@@ -500,3 +500,29 @@ def test_a_failed_stop_is_retried_by_stopping_again(tmp_path):
     assert sandbox.stopped
     assert_gone(sandbox, seen)
     assert ledger.list(NODE) == [] and allocator.leases() == {} and not sandbox.state_dir.exists()
+
+
+VENV_SCRIPT = """\
+import asyncio, sys
+sys.path.insert(0, {root!r})
+from singularity.runtime import BubblewrapRuntime, SandboxSpec
+async def main():
+    async with await BubblewrapRuntime().start(SandboxSpec(image="dev", workspace=sys.argv[1])) as sandbox:
+        async with sandbox.client() as client:
+            result = await client.bash("python -c 'import sys; print(sys.prefix)'")
+    print(result.output.strip())
+asyncio.run(main())
+"""
+
+
+def test_bubblewrap_runs_from_a_virtualenv_under_tmp():
+    """The sandbox's own /tmp must not hide the interpreter of a worker run from /tmp/<venv>."""
+    import tempfile
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="venv-") as tmp:
+        venv = Path(tmp) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                       check=True, timeout=120)
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", VENV_SCRIPT.format(root=str(ROOT)),
+                               str(Path(tmp) / "ws")], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == str(venv)  # the venv's python, inside

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ from singularity.runtime import (
 )
 from singularity.runtime.apptainer import instance_exec_command, instance_start_command, instance_stop_command
 from singularity.runtime.base import limit_prefix, sandbox_env
-from singularity.runtime.layout import IMAGE_METADATA, dev_layout, rootfs_layout
+from singularity.runtime.layout import IMAGE_METADATA, Mount, dev_layout, rootfs_layout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,6 +114,38 @@ def test_bubblewrap_argv(tmp_path):
     networked = runtime.argv(spec.model_copy(update={"network": True}), dev_layout(True), tmp_path,
                              info_fd=7)
     assert "--share-net" in networked and ("/etc/resolv.conf", "/etc/resolv.conf") in _pairs(networked, "--ro-bind")
+
+
+def test_bubblewrap_binds_an_interpreter_under_tmp_after_its_fresh_tmp(tmp_path):
+    """A virtualenv under /tmp stays visible: bound after the sandbox's own /tmp, not under it."""
+    layout = dev_layout()
+    venv = Mount("ro-bind", "/tmp/venv-x", "/tmp/venv-x")
+    args = BubblewrapRuntime().argv(SandboxSpec(image="dev", workspace=tmp_path / "ws"),
+                                    replace(layout, mounts=(*layout.mounts, venv)), tmp_path, info_fd=7)
+    tmpfs = max(i for i, arg in enumerate(args) if arg == "--tmpfs" and args[i + 1] == "/tmp")
+    bound = [i for i, arg in enumerate(args) if arg == "--ro-bind" and args[i + 2] == "/tmp/venv-x"]
+    usr = [i for i, arg in enumerate(args) if arg == "--ro-bind" and args[i + 2] == "/usr"]
+    assert len(bound) == 1 and bound[0] > tmpfs and usr[0] < tmpfs
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root caller runs sandboxes as another uid")
+def test_bubblewrap_says_at_start_that_the_sandbox_uid_cannot_reach_the_interpreter(tmp_path):
+    """An interpreter the sandbox uid cannot execute (a 0700 directory on its way) is named at
+    start, instead of a bare ``setpriv: failed to execute`` in the sandbox's log."""
+    locked = tmp_path / "py" / "locked" / "bin"
+    locked.mkdir(parents=True)
+    os.symlink(sys.executable, locked / "python")
+    (tmp_path / "py").chmod(0o755)
+    (tmp_path / "py" / "locked").chmod(0o700)
+    layout = dev_layout()
+    layout = replace(layout, mounts=(*layout.mounts, Mount("ro-bind", str(tmp_path / "py"), "/opt/py")),
+                     python="/opt/py/locked/bin/python")
+    runtime = BubblewrapRuntime(bind_source=False)
+    spec = SandboxSpec(image="dev", workspace=tmp_path / "ws")
+    with pytest.raises(InvalidSpec, match=r"uid 65534, which cannot execute .*locked is mode 700"):
+        runtime._check(spec, layout)
+    (tmp_path / "py" / "locked").chmod(0o755)
+    runtime._check(spec, layout)  # reachable now
 
 
 def test_bubblewrap_refuses_other_uids_when_unprivileged():

@@ -60,12 +60,14 @@ from .base import (
     sandbox_env,
 )
 from .errors import InvalidSpec, SandboxStartError
-from .layout import ImageLayout, resolve_image
+from .layout import ImageLayout, Mount, _under, resolve_image
 from .procfs import ProcessRef
 
 NOBODY = 65534
 SOURCE_TARGET = "/opt/prorl"
 DEFAULT_TMP_BYTES = 1 << 30
+#: what every sandbox gets of its own, over whatever the image has there
+FRESH_MOUNTS = ("/tmp", "/dev", "/proc")
 _SOURCE = Path(__file__).resolve().parents[1]  # the ``singularity`` package
 
 
@@ -129,9 +131,11 @@ class BubblewrapRuntime(Runtime):
         targets = [m.target for m in layout.mounts] + [WORKSPACE, SOCKET_DIR]
         targets += [b.target for b in spec.binds] + ([f"{SOURCE_TARGET}/singularity"] if self.bind_source else [])
         args = _parent_dirs(targets)
-        for mount in layout.mounts:
-            flag = "--symlink" if mount.kind == "symlink" else "--ro-bind"
-            args += [flag, mount.source, mount.target]
+        # an image entry under a file system the sandbox mounts afresh (a virtualenv under /tmp)
+        # would be hidden by it: bound after it instead, so the interpreter is still there
+        hidden = [m for m in layout.mounts if any(_under(m.target, top) for top in FRESH_MOUNTS)]
+        for mount in [m for m in layout.mounts if m not in hidden]:
+            args += _mount_args(mount)
         if self.bind_source:
             args += ["--ro-bind", str(_SOURCE), f"{SOURCE_TARGET}/singularity"]
         tmp = spec.limits.tmp_bytes or DEFAULT_TMP_BYTES
@@ -139,6 +143,10 @@ class BubblewrapRuntime(Runtime):
                  "--perms", "1777", "--size", str(tmp), "--tmpfs", "/tmp", "--dir", "/run",
                  "--bind", str(spec.workspace), WORKSPACE,
                  "--bind", str(sandbox_dir / "sock"), SOCKET_DIR]
+        # their parents on the fresh tmpfs: 0755 like every other (bwrap would make them 0700)
+        args += _parent_dirs([m.target for m in hidden], below=FRESH_MOUNTS)
+        for mount in hidden:
+            args += _mount_args(mount)
         for bind in spec.binds:
             args += ["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target]
         return args + ["--remount-ro", "/"]
@@ -171,6 +179,8 @@ class BubblewrapRuntime(Runtime):
         for tool in tools:
             if not any(layout.has(f"{d}/{tool}") for d in ("/usr/bin", "/bin")):
                 raise InvalidSpec(f"image {layout.name!r} has no {tool} (util-linux), which this runtime needs")
+        if self.privileged:
+            _check_reachable(layout, self.sandbox_uid)
         if self.bind_source:
             layout.check_target(f"{SOURCE_TARGET}/singularity")
         for bind in spec.binds:
@@ -227,13 +237,49 @@ class BubblewrapRuntime(Runtime):
         return Launch(popen=popen, pidns=info.get("pid-namespace"), refs=[init] if init else [])
 
 
-def _parent_dirs(targets: list[str]) -> list[str]:
-    """``--perms 0755 --dir`` for every ancestor of a target (bwrap would make them 0700)."""
+def _check_reachable(layout: ImageLayout, uid: int) -> None:
+    """Root caller: the sandbox runs as ``uid``, which must be able to execute the image's
+    interpreter through the directories bound from the host (a virtualenv made with umask 077,
+    say); otherwise say so now, not as ``setpriv: failed to execute`` in the sandbox's log."""
+    paths = [layout.python]
+    host = layout.host_path(layout.python)
+    if host is not None and host.is_symlink():  # a virtualenv's python: a link to the base one
+        paths.append(os.path.realpath(host))
+    for inside in paths:
+        mount = max((m for m in layout.mounts if m.kind == "ro-bind" and _under(inside, m.target)),
+                    key=lambda m: len(m.target), default=None)
+        if mount is None:
+            continue
+        parts = os.path.relpath(inside, mount.target).split("/")
+        host_path = Path(mount.source)
+        for depth in range(len(parts) + 1):
+            current = host_path.joinpath(*parts[:depth]) if depth else host_path
+            try:
+                info = current.stat()
+            except OSError:
+                return  # not there at all: the start reports it
+            bit = 0o100 if info.st_uid == uid else 0o001
+            if not info.st_mode & bit:
+                raise InvalidSpec(
+                    f"the sandbox runs as uid {uid}, which cannot execute the interpreter "
+                    f"{layout.python}: {current} is mode {info.st_mode & 0o7777:o} (owner uid "
+                    f"{info.st_uid}); chmod o+x it, or run the worker from an interpreter the "
+                    f"sandbox uid can reach")
+
+
+def _mount_args(mount: Mount) -> list[str]:
+    return ["--symlink" if mount.kind == "symlink" else "--ro-bind", mount.source, mount.target]
+
+
+def _parent_dirs(targets: list[str], below: tuple[str, ...] = ()) -> list[str]:
+    """``--perms 0755 --dir`` for every ancestor of a target (bwrap would make them 0700);
+    ``below``: only those strictly below one of these mount points (they exist already)."""
     parents: set[str] = set()
     for target in targets:
         parent = os.path.dirname(target.rstrip("/"))
         while parent not in ("/", ""):
-            parents.add(parent)
+            if not any(_under(top, parent) for top in below):
+                parents.add(parent)
             parent = os.path.dirname(parent)
     return [arg for parent in sorted(parents) for arg in ("--perms", "0755", "--dir", parent)]
 
