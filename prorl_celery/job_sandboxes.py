@@ -23,10 +23,13 @@ from singularity.runtime import (
     Bind,
     Limits,
     ProcessRef,
+    ReapReport,
     Runtime,
+    SandboxRecord,
     SandboxSpec,
     make_runtime,
     reap,
+    teardown,
 )
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.protocol import SEARCH_CORPUS_ENV
@@ -94,10 +97,18 @@ class JobSandboxes:
         record = self.ledger.get(sandbox["node"], sandbox["id"])
         workspace = sandbox.get("workspace") or (record.workspace if record else "")
         if record is not None:
-            report = await asyncio.to_thread(self.runtime.teardown, record)
+            report = await asyncio.to_thread(self._teardown, record)
             if report.left:
                 return  # the workspace may still be in use; the reaper's retry removes it
         self._remove_workspace(workspace)
+
+    def _teardown(self, record: SandboxRecord) -> ReapReport:
+        """The one teardown path: through this process's runtime when it has one (its stop
+        hook), else with the defaults; a process that never started a sandbox (RUN) needs no
+        runtime of its own to stop one, so a runtime it cannot make never strands a sandbox."""
+        if self._runtime is not None:
+            return self._runtime.teardown(record)
+        return teardown(record, ledger=self.ledger, allocator=self.allocator, grace_s=STOP_GRACE_S)
 
     def reap(self) -> int:
         """Stop the sandboxes on this node whose worker process died, and retry the failed

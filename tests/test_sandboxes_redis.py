@@ -19,6 +19,7 @@ from singularity.runtime import (
     AddressExhausted,
     BubblewrapRuntime,
     ProcessRef,
+    SandboxLedger,
     SandboxRecord,
     procfs,
     reap,
@@ -120,6 +121,7 @@ def test_a_job_sandbox_whose_stop_failed_is_reaped_while_its_worker_lives(state_
     monkeypatch.setitem(RUNTIMES, "first-stop-fails", FirstStopFails)
     client = redis.Redis.from_url(state_url, decode_responses=True)
     jobs = JobSandboxes(client, node=NODE, runtime="first-stop-fails", root=str(tmp_path))
+    assert isinstance(jobs.ledger, SandboxLedger)  # get and transfer are in the protocol
     sandbox = asyncio.run(jobs.start("job-1", SandboxRequest()))
     [record] = jobs.ledger.list(NODE)
     seen = procfs.members(record.root, record.pidns, record.refs)
