@@ -231,15 +231,15 @@ async def _bash_vs_tmux(ctx: Context, client: ToolClient, tmux: TmuxShell, bare:
     async with client as tools:
         for cmd in ("echo hi", "ls"):
 
-            async def through_tmux():
+            async def through_tmux(cmd: str = cmd) -> None:  # bound now: ruff B023
                 tmux.execute(cmd)
 
-            async def on_bare_pty():
+            async def on_bare_pty(cmd: str = cmd) -> None:
                 bare.execute(cmd)
 
             sides = {"toolserver": [], "tmux": [], "bare_pty": []}
             calls = {
-                "toolserver": lambda: tools.bash(cmd),
+                "toolserver": lambda cmd=cmd: tools.bash(cmd),
                 "tmux": through_tmux,
                 "bare_pty": on_bare_pty,
             }
@@ -279,10 +279,10 @@ async def _unix_vs_tcp(ctx: Context, server: LocalToolServer) -> dict:
         ):
             samples = {"unix": [], "tcp": []}
             for client in (unix, tcp):
-                await timed(lambda: action(client), 50)  # warm-up
+                await timed(lambda action=action, client=client: action(client), 50)  # warm-up
             for _ in range(0, ctx.iterations, ctx.batch):
-                samples["unix"] += await timed(lambda: action(unix), ctx.batch)
-                samples["tcp"] += await timed(lambda: action(tcp), ctx.batch)
+                samples["unix"] += await timed(lambda action=action: action(unix), ctx.batch)
+                samples["tcp"] += await timed(lambda action=action: action(tcp), ctx.batch)
             result[name] = {side: stats(s) for side, s in samples.items()}
             result[name]["ratio_p50_tcp_over_unix"] = ratio(
                 result[name]["tcp"], result[name]["unix"]

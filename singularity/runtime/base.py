@@ -42,14 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PositiveInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from . import procfs
 from .addresses import AddressAllocator
@@ -230,7 +223,7 @@ class Runtime(ABC):
     async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any) -> Launch:
         """Start the root process; the tool server must print ``READY <socket>`` to ``log``."""
 
-    def _after_ready(self, launch: Launch) -> None:
+    def _after_ready(self, launch: Launch) -> None:  # noqa: B027 - optional: most runtimes need nothing more
         """Hook: learn more about the started processes (e.g. their pid namespace)."""
 
     def _host_socket(self, sandbox_dir: Path) -> Path:
