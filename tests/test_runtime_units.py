@@ -35,6 +35,7 @@ from singularity.runtime import (
 from singularity.runtime.apptainer import instance_exec_command, instance_start_command, instance_stop_command
 from singularity.runtime.base import limit_prefix, sandbox_env
 from singularity.runtime.layout import IMAGE_METADATA, Mount, dev_layout, rootfs_layout
+from singularity.runtime.stopping import due, retry_delay
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -304,6 +305,19 @@ def test_process_ref_survives_pid_reuse_checks():
     assert procfs.is_alive(ref)
     assert not procfs.is_alive(ref.model_copy(update={"start_time": ref.start_time + 1}))
     assert ProcessRef.of(2 ** 22 + 1) is None
+
+
+def test_failed_stops_back_off_boundedly_and_are_due_whatever_their_owner():
+    assert [retry_delay(n) for n in (1, 2, 3, 6, 7, 10**6)] == [1, 2, 4, 32, 60, 60]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live, gone = ProcessRef.of(os.getpid()), ProcessRef(pid=dead.pid, start_time=1)
+    record = SandboxRecord(sandbox_id="s", node="n", job_id="j", worker="w", owner=live, runtime="t", root=None)
+    now = time.time()
+    assert not due(record, now) and due(record.model_copy(update={"owner": gone}), now)
+    failed = record.model_copy(update={"stop_failures": 3, "retry_at": now + 5})
+    assert not due(failed, now) and due(failed, now + 5)  # retried although its owner lives
+    assert not due(failed.model_copy(update={"owner": gone}), now)  # the backoff holds for the dead too
 
 
 def test_ledger_and_reaper_on_plain_processes(tmp_path):
