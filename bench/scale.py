@@ -37,7 +37,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import redis
@@ -273,7 +273,8 @@ def pipeline_vs_monolith(cluster: LocalCluster, client: httpx.Client, plan: Plan
     warm = mixed_workload(Plan(**{**asdict(plan), "pipeline_jobs": 8}), rng, "warm")
     through_service(client, warm)
     through_monolith(monolith, warm)
-    sides: dict[str, dict[str, float]] = {"pipeline": {"jobs": 0, "wall_s": 0.0}, "monolith": {"jobs": 0, "wall_s": 0.0}}
+    sides: dict[str, dict[str, float]] = {"pipeline": {"jobs": 0, "wall_s": 0.0},
+                                          "monolith": {"jobs": 0, "wall_s": 0.0}}
     rounds = []
     timings: dict[str, list[float]] = defaultdict(list)
     for number in range(plan.rounds):
@@ -601,8 +602,9 @@ def report_pipeline(pipe: dict[str, Any]) -> list[str]:
 
 def report_routing(routing_: dict[str, Any]) -> list[str]:
     sim = routing_["simulation"]
-    lines = ["", (f"3. routing, simulated: {sim['streams']} streams of {sim['jobs']} jobs (mean {sim['turns_mean']:.1f} "
-                   f"turns: 80 % 1-4, 20 % 20-40), {sim['concurrency']} in RUN at once, {sim['backends']} backends; "
+    lines = ["", (f"3. routing, simulated: {sim['streams']} streams of {sim['jobs']} jobs "
+                   f"(mean {sim['turns_mean']:.1f} turns: 80 % 1-4, 20 % 20-40), {sim['concurrency']} in RUN at once, "
+                   f"{sim['backends']} backends; "
                    "mean (worst) over the streams"),
              f"{'policy':<40}{'turns max/min':>16}{'peak in-flight max/min':>24}{'prefix reuse':>14}"]
     for row in sim["policies"]:

@@ -40,6 +40,7 @@ def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | 
         return None, tokenizer
     if llm == "scripted":  # a scripted server that knows the demo problems' answers
         import tempfile
+
         from .demo import oracle_rules
         rules = Path(tempfile.mkstemp(prefix="prorl-demo-rules-", suffix=".json")[1])
         rules.write_text(json.dumps(oracle_rules(jobs)))
@@ -130,6 +131,7 @@ def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, s
            token: str | None) -> None:
     """Post every row of DATA (JSONL or Parquet) as jobs; write results and print a summary."""
     import uuid
+
     from .client import RolloutClient
     from .submit import job_requests, submit_file, summary
     run_id = run_id or uuid.uuid4().hex[:8]
@@ -155,9 +157,9 @@ def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
 
     For a job whose agent called the per-job OpenAI endpoint: its drift events (0 drift when
     the agent's re-sent history always matched the served turns, else where and why)."""
+    from .llm.drift_report import describe, endpoint_record
     from .llm.fidelity import check_trajectory
     from .llm.tokenizer import load_tokenizer
-    from .llm.drift_report import describe, endpoint_record
     document = json.loads(trajectory_file.read_text())
     trajectory = document.get("trajectory", document)
     chat = load_tokenizer(tokenizer)

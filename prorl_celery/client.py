@@ -172,7 +172,7 @@ class AsyncRolloutClient:
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._http = httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport, headers=headers)
 
-    async def __aenter__(self) -> "AsyncRolloutClient":
+    async def __aenter__(self) -> AsyncRolloutClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -355,7 +355,7 @@ class RolloutClient:
             self._thread.close()
             raise
 
-    def __enter__(self) -> "RolloutClient":
+    def __enter__(self) -> RolloutClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -440,7 +440,7 @@ class DAPOCollector:
         self.client = client
         self.aio: AsyncDAPOCollector = client.run(_make_async(client.aio, prompts, config, options))
 
-    def __enter__(self) -> "DAPOCollector":
+    def __enter__(self) -> DAPOCollector:
         return self
 
     def __exit__(self, *exc: object) -> None:

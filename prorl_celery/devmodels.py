@@ -29,9 +29,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import click
 

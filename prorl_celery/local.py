@@ -32,7 +32,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_until(check, timeout_s: float, what: str, process: "ManagedProcess | None" = None) -> None:
+def wait_until(check, timeout_s: float, what: str, process: ManagedProcess | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.popen.poll() is not None:
@@ -117,7 +117,7 @@ class LocalCluster:
     state_url: str = ""
     broker_url: str = ""
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             self.start()
         except BaseException:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from functools import lru_cache
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 

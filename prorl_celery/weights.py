@@ -74,7 +74,7 @@ class VLLMWeightSync:
         self.gateway = httpx.Client(base_url=gateway_url.rstrip("/"), headers=headers, timeout=timeout_s)
         self.http = httpx.Client(timeout=timeout_s)
 
-    def __enter__(self) -> "VLLMWeightSync":
+    def __enter__(self) -> VLLMWeightSync:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,6 @@ from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_unt
 from prorl_celery.status import Stage
 from tests.support.services import ROOT, Gateway, LLMServer, start_llm_server
 
-
 pytest_plugins = ["tests.conftest_llm"] if (Path(__file__).parent / "conftest_llm.py").exists() else []
 
 
@@ -71,7 +70,8 @@ def tokenizers_dir(qwen3_tokenizer, tmp_path_factory) -> Path:
 def cluster(redis_url, qwen3_tokenizer, tokenizers_dir, tmp_path_factory) -> LocalCluster:
     env = {"PRORL_HANDLERS": "fault=tests.support.handlers:FaultHandler", "PRORL_TOKENIZERS_DIR": str(tokenizers_dir),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": "3", "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_VISIBILITY_TIMEOUT_S": "10",
+           "PRORL_BACKEND_WAIT_POLL_S": "0.1", "PRORL_LEASE_S": "3", "PRORL_REAPER_INTERVAL_S": "0.5",
+           "PRORL_VISIBILITY_TIMEOUT_S": "10",
            "PRORL_SHUTDOWN_GRACE_S": "1"}
     local = LocalCluster(redis_url=redis_url, tokenizer=qwen3_tokenizer, env=env, gateway_workers=1,
                          concurrency={Stage.INIT: 4, Stage.RUN: 8, Stage.EVAL: 4},

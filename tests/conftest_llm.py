@@ -15,8 +15,9 @@ The first run builds the fixtures into ``$PRORL_FIXTURES_DIR`` (default
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

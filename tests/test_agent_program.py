@@ -7,14 +7,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
+from tests.support.agents import (
+    MINI_SWE_RULES,
+    PROBE_AGENT,
+    REWRITE_AGENT,
+    ROMANUM_ID,
+    SDK_AGENT,
+    SDK_RULES,
+    SLOW_AGENT,
+    THINK_AGENT,
+)
 from tests.support.services import rules_file, start_llm_server
-import time
-
-from tests.support.agents import (MINI_SWE_RULES, PROBE_AGENT, REWRITE_AGENT, ROMANUM_ID, SDK_AGENT, SDK_RULES,
-                                 SLOW_AGENT, THINK_AGENT)
 
 pytestmark = pytest.mark.timeout(300)
 

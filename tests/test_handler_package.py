@@ -60,7 +60,8 @@ def test_the_package_is_not_importable_by_the_test_process_itself() -> None:
 
 def test_the_service_lists_and_runs_the_packaged_task(service) -> None:
     assert "wordcount" in service.get("/status").json()["tasks"]
-    right = service.post("/process", json={"task": "wordcount", "instance": {"file": "alpha.txt", "lines": ["a", "b", "c"]}})
+    right = service.post("/process", json={"task": "wordcount",
+                                           "instance": {"file": "alpha.txt", "lines": ["a", "b", "c"]}})
     assert right.status_code == 200, right.text
     result = right.json()
     assert result["status"] == "completed" and result["reward"] == 1.0, json.dumps(result)[:3000]

@@ -18,9 +18,9 @@ from singularity.images import (
     ImageSpec,
     RootfsBuildError,
     apptainer_build_command,
+    cache,
     parse_definition,
 )
-from singularity.images import cache
 from singularity.images.rootfs import debootstrap_command, inside_command
 
 IMAGE_CACHE = Path(os.environ.get("PRORL_IMAGE_CACHE", Path.home() / ".cache" / "prorl" / "images"))
@@ -82,7 +82,8 @@ def test_versioned_reuses_until_base_or_framework_version_changes(tmp_path):
     assert builder.build(TEST_IMAGE).cached
     assert builder.build(TEST_IMAGE.model_copy(update={"apt_packages": ("git",)})).cached  # by design
     assert not builder.build(TEST_IMAGE.model_copy(update={"base": "trixie"})).cached
-    assert not _builder(tmp_path, recorder, version="1.1").build(TEST_IMAGE.model_copy(update={"base": "trixie"})).cached
+    trixie = TEST_IMAGE.model_copy(update={"base": "trixie"})
+    assert not _builder(tmp_path, recorder, version="1.1").build(trixie).cached
     assert recorder.count("debootstrap") == 3
 
 

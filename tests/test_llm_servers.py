@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from prorl_celery.llm.serve import ScriptedEngine, SamplingParams
+from prorl_celery.llm.serve import SamplingParams, ScriptedEngine
 
 pytest_plugins = ["tests.conftest_llm"]  # also registered by tests/conftest.py
 

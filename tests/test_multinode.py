@@ -28,13 +28,14 @@ from prorl_celery.leases import reap_expired
 from prorl_celery.local import ManagedProcess, free_port, wait_until
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
-from tests.support.services import RULES
 from tests.support.multinode import MultiNodeCluster, Node
 from tests.support.netns import Namespaces, NetnsUnavailable
+from tests.support.services import RULES
 
 LEASE_S = 3.0
 BOUND_S = LEASE_S + 30  # the bound on how long a cut node's jobs may take to end
-ENV = {"PRORL_HANDLERS": "localfault=tests.support.handlers:LocalFaultHandler", "PRORL_LEASE_S": str(LEASE_S), "PRORL_VISIBILITY_TIMEOUT_S": "10",
+ENV = {"PRORL_HANDLERS": "localfault=tests.support.handlers:LocalFaultHandler", "PRORL_LEASE_S": str(LEASE_S),
+       "PRORL_VISIBILITY_TIMEOUT_S": "10",
        "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_HEARTBEAT_S": "1", "PRORL_SHUTDOWN_GRACE_S": "1",
        "PRORL_BACKEND_WAIT_POLL_S": "0.1"}
 # a small node runs one worker process for all three queues (quick to start on 2 cores)...
@@ -97,7 +98,7 @@ def check_healthy_spread(cluster: MultiNodeCluster, jobs: Jobs) -> None:
     tools = [jobs.submit({"data_source": "math", "problem": f"PYTOOL: what is 6 times 7? ({i})", "answer": "42",
                           "tools": ["python"], "max_iterations": 3}) for i in range(3)]
     results = jobs.results([*plain, *tools], timeout_s=90)
-    for job_id, result in results.items():
+    for result in results.values():
         assert result["status"] == "completed", (result.get("error"), result)
         assert result["nodes"]["init"] in names and result["nodes"]["run"] == result["nodes"]["init"], result["nodes"]
         assert result["nodes"]["eval"] in names
@@ -195,7 +196,8 @@ def test_reaper_retries_only_jobs_stranded_in_a_dead_nodes_run_queue(redis_url):
     reaped = reap_expired(store, lease_s=3, retry=retried.append, heartbeat_s=1)
     assert sorted(reaped) == ["on-dead", "on-dead-last-attempt"] and retried == ["on-dead"]
     record = store.load("on-dead")
-    assert (record["status"], record["attempt"], record["init_node"], record["run_queue"]) == ("pending_init", "2", "", "")
+    assert ((record["status"], record["attempt"], record["init_node"], record["run_queue"])
+            == ("pending_init", "2", "", ""))
     assert record["retry_reason"].startswith("node lost while the job waited for RUN")
     failed = store.load("on-dead-last-attempt")
     assert (failed["status"], failed["critical_error"]) == ("failed", "run") and "node lost" in failed["error"]

@@ -53,7 +53,7 @@ class Harness:
         self.dir = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
         self.socket = self.dir / "llm.sock"
 
-    async def __aenter__(self) -> "Harness":
+    async def __aenter__(self) -> Harness:
         self.http = httpx.AsyncClient(timeout=60)
         self.session = TokenSession(tokenizer=load_tokenizer(self.tokenizer),
                                     backend=VLLMBackend(self.server.url + "/v1", self.http),
@@ -100,7 +100,8 @@ def test_tool_calls_keep_exact_ids_across_turns(backend, tok):
             assert choice["finish_reason"] == "tool_calls"
             assert choice["message"]["content"] == "Listing first."
             [tool_call] = choice["message"]["tool_calls"]
-            assert tool_call["function"]["name"] == "bash" and json.loads(tool_call["function"]["arguments"]) == {"command": "ls"}
+            assert tool_call["function"]["name"] == "bash"
+            assert json.loads(tool_call["function"]["arguments"]) == {"command": "ls"}
             assert len(choice["logprobs"]["content"]) == first["usage"]["completion_tokens"]
             messages += [choice["message"], {"role": "tool", "tool_call_id": tool_call["id"], "content": "a.txt\n"}]
             second = await h.chat(messages, TOOLS)

@@ -7,7 +7,6 @@ and the gateway tokens in its environment.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess

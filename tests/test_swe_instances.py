@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from handlers import JobContext, get_handler
+from handlers.sandbox_files import read_bytes, write_bytes
 from handlers.swe import SweHandler, load_instances, normalize_instance
-from handlers.swe.evaluation import grade, parse_junit, patch_paths, files_of_tests
+from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths
 from handlers.swe.handler import BUNDLE_MOUNT
 from handlers.swe.instances import MAX_ITERATIONS_CAP, REPOS_ENV, SHIPPED_REPOS
-from handlers.sandbox_files import read_bytes, write_bytes
 from singularity.runtime import Bind, BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, SandboxSpec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -66,8 +66,8 @@ def test_text_replies_round_trip_through_the_template(request, template):
     """With canonical text replies, suffix-only tokenization equals rendering the whole chat,
     up to what the template itself rewrites: Qwen3 renders the last assistant turn with an empty
     ``<think>`` block the model never produced, so the text path drifts exactly there."""
-    from prorl_celery.llm.session import TokenSession
     from prorl_celery.llm.backends import Completion
+    from prorl_celery.llm.session import TokenSession
     chat = load_tokenizer(request.getfixturevalue(f"{template}_tokenizer"))
 
     class Echo:  # a backend double behind the real LLMBackend interface

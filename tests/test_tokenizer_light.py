@@ -95,7 +95,8 @@ def test_same_as_transformers(name: str, qwen3_tokenizer: str, llama3_tokenizer:
     ours = HFTokenizer(path)
     theirs = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     assert ours.special_tokens_map == theirs.special_tokens_map
-    assert (ours.eos_token, ours.bos_token, ours.eos_token_id) == (theirs.eos_token, theirs.bos_token, theirs.eos_token_id)
+    assert ((ours.eos_token, ours.bos_token, ours.eos_token_id)
+            == (theirs.eos_token, theirs.bos_token, theirs.eos_token_id))
     assert len(ours) == len(theirs)
     rendered = 0
     for messages, tools in conversations(150, seed=17, single_tool_call=name == "llama3"):

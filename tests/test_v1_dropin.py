@@ -21,7 +21,8 @@ import pytest
 
 from prorl_celery.sampling import SAMPLER_KEYS, TRAINER_KEYS
 from tests.support.services import rules_file, start_llm_server
-from tests.support.swe import ROMANUM, RULES as SWE_RULES
+from tests.support.swe import ROMANUM
+from tests.support.swe import RULES as SWE_RULES
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -72,7 +73,7 @@ class Trajectory:
     generation_logprobs: list[float] = field(default_factory=list)
 
     @classmethod
-    def from_result(cls, result: dict[str, Any]) -> "Trajectory":
+    def from_result(cls, result: dict[str, Any]) -> Trajectory:
         messages = result["messages"]
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
         row = cls(result)

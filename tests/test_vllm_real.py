@@ -110,7 +110,7 @@ def test_multi_turn_tool_trajectories_are_token_exact(gateway, vllm_a, vllm_mode
 
     # the greedy rollouts are the conversations the model was tuned on: a python call, its
     # output as a tool observation (mask 0), then the right boxed answer
-    for result, (problem, answer, code, _) in zip(results, SFT_PROBLEMS):
+    for result, (problem, _answer, code, _) in zip(results, SFT_PROBLEMS):
         trajectory = trajectory_of(result)
         assert result["reward"] == 1.0, (problem, trajectory["messages"])
         assert trajectory["num_turns"] == 2
@@ -359,9 +359,10 @@ def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model
         by_version = {1: recomputed_logprobs(old, ids_all), 2: recomputed_logprobs(new, ids_all)}
         offset = len(trajectory["prompt_ids"])
 
+        # called only within this iteration, so the loop variables it reads are the current ones
         def matches(version: int, k: int) -> bool:
-            expected = float(by_version[version][offset + k - 1, trajectory["response_ids"][k]])
-            return abs(expected - trajectory["response_logprobs"][k]) <= LOGPROB_TOLERANCE
+            expected = float(by_version[version][offset + k - 1, trajectory["response_ids"][k]])  # noqa: B023
+            return abs(expected - trajectory["response_logprobs"][k]) <= LOGPROB_TOLERANCE  # noqa: B023
 
         for turn in trajectory["turns"]:
             start, end = turn["output_start"], turn["output_start"] + turn["output_len"]
@@ -378,7 +379,8 @@ def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model
             after += end - split
             after_matching += sum(matches(2, k) for k in range(split, end))
     assert spanning >= 1 and before > 0 and after > 0
-    assert after_matching == after, f"{after - after_matching} of {after} tokens after the update are not the new policy's"
+    assert after_matching == after, \
+        f"{after - after_matching} of {after} tokens after the update are not the new policy's"
     say(request, f"weight update: {len(results)} jobs in flight completed, {spanning} turns spanned it; "
                  f"{before} tokens before it match the old weights; of {after} after it, {after_matching} "
                  f"match the new weights' recompute")
@@ -408,9 +410,10 @@ def test_trl_grpo_trains_through_the_service(gateway, vllm_servers, vllm_model, 
                            weights_dir=tmp_path / "policy")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
-    config = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, learning_rate=1e-3, per_device_train_batch_size=8,
-                        num_generations=4, max_completion_length=96, temperature=1.0, beta=0.0, logging_steps=1,
-                        save_strategy="no", report_to=[], use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
+    config = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, learning_rate=1e-3,
+                        per_device_train_batch_size=8, num_generations=4, max_completion_length=96, temperature=1.0,
+                        beta=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
+                        disable_tqdm=True, seed=0)
     trainer = GRPOTrainer(model=model, processing_class=AutoTokenizer.from_pretrained(vllm_model), args=config,
                           train_dataset=Dataset.from_list(rows), reward_funcs=[service_reward], rollout_func=rollout)
     try:
@@ -439,7 +442,8 @@ def test_trl_grpo_trains_through_the_service(gateway, vllm_servers, vllm_model, 
             else:
                 observations += 1
     assert tokens > 0 and observations > 0 and worst <= LOGPROB_TOLERANCE, (tokens, observations, worst)
-    say(request, f"TRL GRPO: 2 steps x 8 rollouts through the service, rewards {[round(h['reward'], 2) for h in logged]}, "
+    rewards = [round(h["reward"], 2) for h in logged]
+    say(request, f"TRL GRPO: 2 steps x 8 rollouts through the service, rewards {rewards}, "
                  f"weight sync {timings[1].weight_sync_s:.2f} s; step 2: {tokens} model tokens (and {observations} "
                  f"tool tokens masked) match the pushed weights within {worst:.1e}")
 
@@ -465,7 +469,8 @@ def test_verl_agent_loop_through_the_service(gateway, vllm_a, vllm_model, tmp_pa
     # a verl-shaped row as it comes (its prompt is the data set's, not the format the model knows)
     rows.append({"agent_name": "prorl", "data_source": "math", "index": 2,
                  "raw_prompt": [{"role": "user", "content": instances[0]["problem"]}],
-                 "reward_model": {"style": "rule", "ground_truth": instances[0]["answer"]}, "extra_info": {"split": "t"}})
+                 "reward_model": {"style": "rule", "ground_truth": instances[0]["answer"]},
+                 "extra_info": {"split": "t"}})
     rows_path = tmp_path / "rows.json"
     rows_path.write_text(json.dumps(rows))
     root = Path(__file__).resolve().parents[1]

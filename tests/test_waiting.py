@@ -89,7 +89,8 @@ def test_gunicorn_config_loads_nothing_of_the_service() -> None:
     import sys
 
     code = ("import sys, api.gunicorn_conf\n"
-            "print(','.join(sorted({m.split('.')[0] for m in sys.modules} & {'prorl_celery', 'redis', 'celery', 'kombu', 'flask'})))")
+            "print(','.join(sorted({m.split('.')[0] for m in sys.modules} "
+            "& {'prorl_celery', 'redis', 'celery', 'kombu', 'flask'})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == ""
     assert subprocess.run([sys.executable, "-c", "import gunicorn.config; import api.gunicorn_conf as c; "

@@ -12,9 +12,10 @@ lock        the base image and the SHA-256 of the dependency lockfile are unchan
 ``versioned`` deliberately ignores the spec's own package lists: bump the framework version (or
 use ``lock``) to rebuild after changing them. The tool server's requirements
 (:data:`~.spec.TOOLSERVER_PIP`) count as part of the framework, since a development version
-number does not move when they change (a cached image without msgspec was reused that way). The record ``<image>.cache.json`` holds the mode,
-the key (SHA-256 of the canonical JSON of the inputs), the inputs themselves (so a mismatch can
-be explained) and the hash of the definition that was built.
+number does not move when they change (a cached image without msgspec was reused that way). The
+record ``<image>.cache.json`` holds the mode, the key (SHA-256 of the canonical JSON of the
+inputs), the inputs themselves (so a mismatch can be explained) and the hash of the definition
+that was built.
 """
 from __future__ import annotations
 

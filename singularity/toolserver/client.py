@@ -24,7 +24,6 @@ from typing import Any
 
 from . import protocol
 from .errors import ToolError, ToolServerGone, ToolTimeout
-from .unixpath import usable_path
 from .protocol import (
     BashResult,
     EditorResult,
@@ -33,6 +32,7 @@ from .protocol import (
     Response,
     SearchResult,
 )
+from .unixpath import usable_path
 
 DEFAULT_DEADLINE_S = 30.0  # for calls without a timeout of their own (ping, editor, search)
 

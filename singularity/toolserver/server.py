@@ -39,9 +39,9 @@ from .editor import Editor
 from .errors import ToolError
 from .ipython import IPythonTool
 from .mainthread import STOP_SIGNALS, MainThreadRunner
-from .unixpath import usable_path
 from .protocol import PingResult, ShutdownResult
 from .search import BM25Backend, HTTPSearchBackend, SearchBackend, SearchTool
+from .unixpath import usable_path
 
 log = logging.getLogger("singularity.toolserver")
 DEFAULT_MAX_OUTPUT = 32 * 1024

@@ -41,7 +41,7 @@ class MultiNodeCluster:
     gateway_url: str = ""
     state_url: str = ""
 
-    def __enter__(self) -> "MultiNodeCluster":
+    def __enter__(self) -> MultiNodeCluster:
         try:
             self.start()
         except BaseException:

@@ -58,7 +58,7 @@ class Namespaces:
         """Connect (up) or cut off (down) node ``index`` at its end of the bridge."""
         ip("link", "set", self.host_veth(index), "up" if up else "down")
 
-    def __enter__(self) -> "Namespaces":
+    def __enter__(self) -> Namespaces:
         remove_stale()
         subnet = f"10.77.{int(self.tag) % 200 + 20}"
         try:
@@ -68,7 +68,8 @@ class Namespaces:
             ip("link", "set", self.bridge, "up")
             self.root_address = f"{subnet}.254"
             for index in range(self.count):
-                name, host_end, ns_end = f"{PREFIX}{self.tag}-{index}", self.host_veth(index), f"prv{self.tag[-8:]}n{index}"
+                name, host_end = f"{PREFIX}{self.tag}-{index}", self.host_veth(index)
+                ns_end = f"prv{self.tag[-8:]}n{index}"
                 ip("netns", "add", name)
                 self.created.append(("netns", name))
                 ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)

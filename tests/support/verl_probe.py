@@ -23,8 +23,12 @@ async def main(tokenizer_dir: str, rows_path: str) -> dict:
     import verl
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import (AgentLoopOutput, DictConfigWrap, ToolListWrap,
-                                                         _agent_loop_registry)
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopOutput,
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
 
     import prorl_celery.integrations.verl as adapter  # registers "prorl"
 

@@ -68,7 +68,7 @@ class VLLMServer:
         self.ready_s: float | None = None
         self.warm_up_s: float | None = None
 
-    def wait_ready(self, timeout_s: float = 300) -> "VLLMServer":
+    def wait_ready(self, timeout_s: float = 300) -> VLLMServer:
         """Until ``/v1/models`` answers, then one short completion (vLLM's first request is
         several seconds slower than the next ones); records both times."""
         wait_until(lambda: httpx.get(self.base + "/v1/models", timeout=5).status_code == 200, timeout_s,

@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the project root, for handlers.swe.evaluation
 
-from handlers.swe.evaluation import FAILED, ERROR, PASSED, parse_junit, files_of_tests  # noqa: E402
+from handlers.swe.evaluation import ERROR, FAILED, PASSED, files_of_tests, parse_junit  # noqa: E402
 
 SOURCES = HERE / "sources"
 AUTHOR = ("Ada Maintainer", "ada@example.org")
