@@ -29,9 +29,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -114,7 +114,8 @@ class JobRequest:
     timeout_s: float | None = None
 
     def body(self) -> dict[str, Any]:
-        body = {"instance": self.instance, "sampling_params": self.sampling_params, "job_id": self.job_id}
+        body: dict[str, Any] = {"instance": self.instance, "sampling_params": self.sampling_params,
+                                "job_id": self.job_id}
         body.update({k: v for k, v in (("task", self.task), ("timeout_s", self.timeout_s)) if v is not None})
         return body
 
@@ -216,9 +217,10 @@ class AsyncRolloutClient:
         if self.urls[self._current] == url:  # another request may have moved on already
             self._current = (self._current + 1) % len(self.urls)
 
-    def _give_up(self, method: str, path: str, failure: httpx.Response | Exception, attempts: int):
+    def _give_up(self, method: str, path: str, failure: httpx.Response | Exception, attempts: int) -> NoReturn:
         if isinstance(failure, httpx.Response):
-            raise_for_reply(failure)
+            raise_for_reply(failure)  # raises: only RETRY_STATUSES (errors all) are retried
+            raise AssertionError(f"{failure.status_code} was retried but is a success")
         raise GatewayUnavailable(f"{method} {path}: no gateway of {self.urls} answered after {attempts} "
                                  f"attempts; last error {failure!r}") from failure
 
@@ -283,7 +285,7 @@ class AsyncRolloutClient:
         return list(await asyncio.gather(*(self.wait(j, timeout_s) for j in job_ids)))
 
     async def as_completed(self, job_ids: Iterable[str],
-                           timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
+                           timeout_s: float | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """Yield each job's result as it ends; leaving the loop early stops the waiting."""
         tasks = [asyncio.ensure_future(self.wait(j, timeout_s)) for j in job_ids]
         try:

@@ -14,6 +14,16 @@ _lock = threading.Lock()
 #: longest single blocking call we make (XREAD BLOCK); socket_timeout must exceed it
 BLOCK_CHUNK_S = 5.0
 
+# redis-py's stubs type each reply for every kind of client (bytes or str, RESP2 or RESP3
+# shapes). Ours are all decode_responses=True RESP2 clients (get_redis), so a caller casts a
+# reply once, where it reads it, to the shape it really has:
+#: one stream entry, as XRANGE/XREVRANGE list them: (id, fields)
+StreamEntry = tuple[str, dict[str, str]]
+#: XREAD's reply: one (stream, entries) pair per stream that had entries
+XReadReply = list[tuple[str, list[StreamEntry]]]
+#: ZRANGE/ZRANGEBYSCORE with withscores=True: (member, score)
+ScoredMembers = list[tuple[str, float]]
+
 
 def get_redis(url: str) -> redis.Redis:
     """A shared, thread-safe client for ``url`` (decoded strings, generous pool)."""

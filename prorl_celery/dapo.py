@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from .client import AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient
 from .dapo_types import (
@@ -305,7 +305,7 @@ class AsyncDAPOCollector:
             stats.discarded += 1
             return None
         stats.completed += 1
-        result = outcome if isinstance(outcome, dict) else {"status": "failed", "error": str(outcome)}
+        result: dict[str, Any] = outcome if isinstance(outcome, dict) else {"status": "failed", "error": str(outcome)}
         rollout.result, rollout.status = result, result["status"]
         rollout.generation = result.get("generation")
         rollout.policy_versions = list((result.get("trajectory") or {}).get("policy_versions") or [])
@@ -467,7 +467,7 @@ class DAPOCollector:
         self.client.run(self.aio.aclose(cancel))
 
 
-def _wait_failed(outcome: dict[str, Any] | Exception) -> bool:
+def _wait_failed(outcome: dict[str, Any] | Exception) -> TypeGuard[Exception]:
     """The wait for a job gave up (not: the job is unknown, which is a lost rollout)."""
     return isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound)
 

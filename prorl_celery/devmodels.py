@@ -278,6 +278,7 @@ def verify_tokenizer(name: str, path: Path) -> None:
         problems.append(f"eos_token is {tok.eos_token!r}")
     probe = [{"role": "user", "content": "Hi there"}]
     text = tok.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    assert isinstance(text, str)  # tokenize=False renders text
     expected_tail = {"qwen3": "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
                      "llama3": "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
                                "<|start_header_id|>assistant<|end_header_id|>\n\n"}[name]
@@ -324,12 +325,14 @@ def _build_tiny_model(tokenizer_dir: Path, out: Path) -> None:
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, rope_theta=1_000_000.0, eos_token_id=tok.eos_token_id,
+        # rope_theta: taken by **kwargs (transformers 5 moves it into rope_parameters, 4.x knows only it)
+        tie_word_embeddings=True, rope_theta=1_000_000.0, eos_token_id=tok.eos_token_id,  # type: ignore[call-arg]
         bos_token_id=tok.bos_token_id, pad_token_id=pad_id,
         # a larger init than 0.02 so the next-token distribution is peaked, not uniform
         initializer_range=0.2)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()  # bf16 halves the file
+    # bf16 halves the file; transformers' decorator on .to types its argument as the model
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=pad_id,
                                                bos_token_id=tok.bos_token_id)
     model.save_pretrained(out, safe_serialization=True)
@@ -445,7 +448,8 @@ def _build_vllm_model(tokenizer_dir: Path, out: Path, max_steps: int = 600) -> N
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
-        tie_word_embeddings=True, rope_theta=1_000_000.0, eos_token_id=tok.eos_token_id,
+        # rope_theta: taken by **kwargs (transformers 5 moves it into rope_parameters, 4.x knows only it)
+        tie_word_embeddings=True, rope_theta=1_000_000.0, eos_token_id=tok.eos_token_id,  # type: ignore[call-arg]
         bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)

@@ -37,7 +37,7 @@ class MetricsBuffer:
         self.redis = client
         self._counters: Counter[str] = Counter()
         self._stages: dict[str, Counter[str]] = defaultdict(Counter)
-        self._sums: Counter[str] = Counter()
+        self._sums: defaultdict[str, float] = defaultdict(float)  # seconds (a Counter is typed for ints)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -58,7 +58,7 @@ class MetricsBuffer:
     def flush(self) -> None:
         with self._lock:
             counters, stages, sums = self._counters, self._stages, self._sums
-            self._counters, self._stages, self._sums = Counter(), defaultdict(Counter), Counter()
+            self._counters, self._stages, self._sums = Counter(), defaultdict(Counter), defaultdict(float)
         if not (counters or stages):
             return
         pipe = self.redis.pipeline(transaction=True)  # all of a flush lands, or none (then it is kept)
@@ -74,12 +74,13 @@ class MetricsBuffer:
             self._restore(counters, stages, sums)  # Redis was away: count them in the next flush
             raise
 
-    def _restore(self, counters: Counter, stages: defaultdict, sums: Counter) -> None:
+    def _restore(self, counters: Counter[str], stages: dict[str, Counter[str]], sums: dict[str, float]) -> None:
         with self._lock:
             self._counters.update(counters)
             for stage, buckets in stages.items():
                 self._stages[stage].update(buckets)
-            self._sums.update(sums)
+            for stage, seconds in sums.items():
+                self._sums[stage] += seconds
 
     def _ensure_flushing(self) -> None:
         if self._thread is None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from . import keys
+from .connection import ScoredMembers
 
 #: a worker that missed this many heartbeats in a row is taken for dead
 STALE_BEATS = 6
@@ -21,7 +22,8 @@ def stale_after_s(heartbeat_s: float) -> float:
 def live_workers(client: redis.Redis, heartbeat_s: float, now: float | None = None) -> list[dict[str, Any]]:
     """Every worker seen recently: name, node, queues and seconds since its last heartbeat."""
     now = time.time() if now is None else now
-    seen = client.zrangebyscore(keys.WORKERS, now - stale_after_s(heartbeat_s), "+inf", withscores=True)
+    seen = cast(ScoredMembers, client.zrangebyscore(keys.WORKERS, now - stale_after_s(heartbeat_s), "+inf",
+                                                    withscores=True))
     pipe = client.pipeline(transaction=False)
     for name, _ in seen:
         pipe.hgetall(keys.worker(name))

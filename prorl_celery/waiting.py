@@ -19,11 +19,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import redis
 
 from . import keys
-from .connection import BLOCK_CHUNK_S
+from .connection import BLOCK_CHUNK_S, StreamEntry, XReadReply
 from .status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class CompletionWaiter:
             self._thread.start()
 
     def _last_id(self) -> str:
-        newest = self.redis.xrevrange(keys.JOBS_ENDED, count=1)
+        newest = cast(list[StreamEntry], self.redis.xrevrange(keys.JOBS_ENDED, count=1))
         return newest[0][0] if newest else "0-0"
 
     def _wake(self, job_ids: list[str], statuses: list[str] | None = None) -> None:
@@ -118,7 +119,8 @@ class CompletionWaiter:
         while not self._stop.is_set():
             try:
                 block_ms = int(max(0.05, min(BLOCK_CHUNK_S, next_sweep - time.monotonic())) * 1000)
-                reply = self.redis.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000, block=block_ms)
+                reply = cast(XReadReply, self.redis.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000,
+                                                          block=block_ms))
                 if reply:
                     entries = reply[0][1]
                     self._cursor = entries[-1][0]

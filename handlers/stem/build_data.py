@@ -152,7 +152,12 @@ def corpus() -> list[dict[str, str]]:
 def _molar_mass(slug: str) -> float:
     elements = element_by_symbol()
     counts = next(row[3] for row in facts.COMPOUNDS if row[0] == slug)
-    return sum(elements[symbol][3] * count for symbol, count in counts.items())
+    total = 0.0
+    for symbol, count in counts.items():
+        mass = elements[symbol][3]
+        assert mass is not None, f"{symbol} (in {slug}) has no standard atomic weight"
+        total += mass * count
+    return total
 
 
 def _constant(slug: str) -> float:

@@ -99,7 +99,8 @@ class ProrlAgentLoop(AgentLoopBase):
         mask = [int(m) for m in trajectory.get("response_mask") or []]
         logprobs = [float(x) for x in trajectory.get("response_logprobs") or []]
         if response_length is not None:  # verl pads responses to response_length and refuses longer ones
-            response_ids, mask, logprobs = (x[:response_length] for x in (response_ids, mask, logprobs))
+            response_ids, mask, logprobs = (response_ids[:response_length], mask[:response_length],
+                                            logprobs[:response_length])
         if not ok:  # a failed job: one masked-out token, no reward (verl scores 0)
             pad = self.tokenizer.eos_token_id if self.tokenizer is not None else 0
             response_ids, mask, logprobs = [pad], [0], [0.0]

@@ -102,6 +102,7 @@ class ImageBuilder:
         log_path = def_path.with_suffix(".build.log")
         with open(log_path, "wb") as log:
             if self.image_format == "sif":
+                assert self.apptainer is not None  # __init__ refuses a .sif without it
                 argv = apptainer_build_command(self.apptainer, def_path, image, fakeroot=self.fakeroot)
                 done = self.run(argv, stdout=log, stderr=subprocess.STDOUT)
                 if done.returncode != 0:

@@ -29,7 +29,9 @@ class Definition:
 
 
 def parse_definition(text: str) -> Definition:
-    definition, current, body = Definition(), None, []
+    definition = Definition()
+    current: str | None = None  # the section being read
+    body: list[str] = []
     for line in text.splitlines():
         word = line.strip().split(None, 1)[0] if line.strip() else ""
         if word.startswith("%") and word[1:] in SECTIONS:

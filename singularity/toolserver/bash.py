@@ -38,10 +38,14 @@ import shlex
 import signal
 import termios
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .capture import Capture
 from .procs import kill_session
 from .protocol import BashArgs, BashResult
+
+if TYPE_CHECKING:
+    from ptyprocess import PtyProcess  # imported when the first shell starts
 
 SHELL = "/bin/bash"
 DIMENSIONS = (40, 200)
@@ -85,13 +89,19 @@ class BashSession:
         self._script = run_dir / "bash-command.sh"
         self._source_line = f"source {shlex.quote(str(self._script))}\n".encode()
         self._lock = asyncio.Lock()
-        self._proc = None  # ptyprocess.PtyProcess
+        self._proc: PtyProcess | None = None
         self._pidfd: int | None = None
         self._capture: Capture | None = None
         self._pending = bytearray()  # background output between commands
         self._exited = asyncio.Event()
         self._ever_started = False
         self.exit_status: int | None = None  # of the last shell that ended
+
+    @property
+    def _shell_proc(self) -> PtyProcess:
+        """The spawned shell, for the code that runs only while there is one."""
+        assert self._proc is not None, "no shell spawned"
+        return self._proc
 
     @property
     def pid(self) -> int | None:
@@ -176,9 +186,9 @@ class BashSession:
         view = memoryview(data)
         while view:
             try:
-                view = view[os.write(self._proc.fd, view) :]
+                view = view[os.write(self._shell_proc.fd, view) :]
             except BlockingIOError:
-                select.select([], [self._proc.fd], [], 1.0)
+                select.select([], [self._shell_proc.fd], [], 1.0)
             except OSError:  # EIO: the shell is gone
                 return False
         return True
@@ -230,25 +240,25 @@ class BashSession:
             preexec_fn=_die_with_parent(),
         )
         self._ever_started, self._exited = True, asyncio.Event()
-        fd = self._proc.fd
+        fd = self._shell_proc.fd
         attrs = termios.tcgetattr(fd)
         attrs[1] &= ~termios.OPOST  # no "\n" -> "\r\n" translation
         termios.tcsetattr(fd, termios.TCSANOW, attrs)
         os.set_blocking(fd, False)
         loop = asyncio.get_running_loop()
         loop.add_reader(fd, self._on_readable)
-        self._pidfd = os.pidfd_open(self._proc.pid)
+        self._pidfd = os.pidfd_open(self._shell_proc.pid)
         loop.add_reader(self._pidfd, self._on_exit)
 
     def _on_readable(self) -> None:
         try:
-            data = os.read(self._proc.fd, 65536)
+            data = os.read(self._shell_proc.fd, 65536)
         except BlockingIOError:
             return
         except OSError:  # EIO: no process holds the pty's other end any more
             data = b""
         if not data:
-            asyncio.get_running_loop().remove_reader(self._proc.fd)
+            asyncio.get_running_loop().remove_reader(self._shell_proc.fd)
             return
         if self._capture is not None:
             self._capture.feed(data)
@@ -258,8 +268,9 @@ class BashSession:
     def _on_exit(self) -> None:
         """The shell ended (pidfd readable): kill what it left behind, reap it, drain the pty."""
         loop = asyncio.get_running_loop()
+        assert self._pidfd is not None  # this is its reader, removed before it closes
         loop.remove_reader(self._pidfd)
-        pid = self._proc.pid
+        pid = self._shell_proc.pid
         kill_session(pid)  # before reaping, so the pid cannot have been reused yet
         try:
             _, status = os.waitpid(pid, 0)
@@ -274,7 +285,7 @@ class BashSession:
     def _drain(self) -> None:
         for _ in range(64):
             try:
-                data = os.read(self._proc.fd, 65536)
+                data = os.read(self._shell_proc.fd, 65536)
             except OSError:
                 return
             if not data:
@@ -283,7 +294,7 @@ class BashSession:
                 self._capture.feed(data)
 
     async def _kill(self) -> None:
-        kill_session(self._proc.pid)
+        kill_session(self._shell_proc.pid)
         try:
             await asyncio.wait_for(self._exited.wait(), 5.0)
         except TimeoutError:  # should not happen: SIGKILL cannot be ignored

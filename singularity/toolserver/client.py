@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any
+from typing import Any, cast
 
 from . import protocol
 from .errors import ToolError, ToolServerGone, ToolTimeout
@@ -48,7 +48,7 @@ class ToolClient:
     ) -> None:
         if (socket_path is None) == (tcp is None):
             raise ValueError("give exactly one of socket_path and tcp")
-        self.address = str(socket_path) if socket_path is not None else f"tcp:{tcp[0]}:{tcp[1]}"
+        self.address = str(socket_path) if tcp is None else f"tcp:{tcp[0]}:{tcp[1]}"
         self._socket_path, self._tcp = socket_path, tcp
         self.connect_timeout_s, self.margin_s = connect_timeout_s, margin_s
         self._ids = itertools.count(1)
@@ -71,6 +71,7 @@ class ToolClient:
                     opening = loop.create_connection(self._protocol, *self._tcp)
                     await asyncio.wait_for(opening, self.connect_timeout_s)
                 else:
+                    assert self._socket_path is not None  # __init__: one of the two
                     with usable_path(self._socket_path) as path:
                         opening = loop.create_unix_connection(self._protocol, path)
                         await asyncio.wait_for(opening, self.connect_timeout_s)
@@ -180,6 +181,7 @@ class ToolClient:
         future = self._pending[request_id] = loop.create_future()
         # a timer, not asyncio.wait_for: its bookkeeping was a measurable share of a bash call
         timer = loop.call_later(deadline_s, _expire, future)
+        assert self._transport is not None  # connect() made it, and it stays once made
         try:
             self._transport.write(
                 protocol.encode({"id": request_id, "tool": tool, "args": args or {}})
@@ -195,7 +197,9 @@ class ToolClient:
             timer.cancel()
             self._pending.pop(request_id, None)
         if not response.ok:
+            assert response.error is not None  # Response checks: an error exactly when not ok
             raise ToolError.from_payload(response.error.code, response.error.message)
+        assert response.result is not None  # the server's ok_body always carries one
         return response.result
 
     def _on_frames(self, data: bytes) -> None:
@@ -203,11 +207,13 @@ class ToolClient:
             bodies = self._frames.feed(data)
             for body in bodies:
                 response = protocol.parse_response(body)
-                future = self._pending.get(response.id)
+                # ids are ours (ints): any other id matches no request
+                future = self._pending.get(response.id) if isinstance(response.id, int) else None
                 if future is not None and not future.done():
                     future.set_result(response)
         except (ValueError, protocol.FrameError) as exc:
             self._fail_all(f"the tool server sent an unreadable frame: {exc} ({self.address})")
+            assert self._transport is not None  # frames arrive only after connection_made
             self._transport.close()
 
     def _fail_all(self, reason: str) -> None:
@@ -228,7 +234,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.client = client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.client._transport = transport
+        self.client._transport = cast(asyncio.Transport, transport)  # a stream connection's are
 
     def data_received(self, data: bytes) -> None:
         self.client._on_frames(data)

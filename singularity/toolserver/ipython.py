@@ -33,13 +33,17 @@ import re
 import sys
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .errors import ToolError
 from .mainthread import MainThreadRunner
 from .protocol import IPythonArgs, IPythonResult
+
+if TYPE_CHECKING:  # imported when the first cell runs: the server's start-up stays light
+    from ipykernel.inprocess.ipkernel import InProcessKernel
+    from ipykernel.inprocess.manager import InProcessKernelManager
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 KERNEL_START_TIMEOUT_S = 120.0
@@ -72,8 +76,9 @@ class TextCapture(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    # read-only as io.TextIOBase's own is; typeshed declares that one a plain attribute
     @property
-    def encoding(self) -> str:
+    def encoding(self) -> str:  # type: ignore[override]
         return "utf-8"
 
     def text(self) -> str:
@@ -101,7 +106,8 @@ class KernelSession:
         self.runner, self.ipython_dir = runner, ipython_dir
         self.stdout = TextCapture("stdout", max_output)
         self.stderr = TextCapture("stderr", max_output)
-        self._manager = self._kernel = None
+        self._manager: InProcessKernelManager | None = None
+        self._kernel: InProcessKernel | None = None
         self._result_text: str | None = None
         self._displays: list[str] = []
 
@@ -121,24 +127,29 @@ class KernelSession:
 
         manager = InProcessKernelManager(config=Config({"HistoryManager": {"enabled": False}}))
         manager.start_kernel()
-        shell = manager.kernel.shell
+        kernel = manager.kernel
+        assert kernel is not None  # start_kernel() made it
+        shell = kernel.shell
         shell.events.register("pre_run_cell", lambda *_: self.runner.set_user_code(True))
         shell.events.register("post_run_cell", lambda *_: self.runner.set_user_code(False))
         shell.run_line_magic("colors", "NoColor")
         shell.displayhook.write_format_data = self._on_result
         shell.display_pub.publish = self._on_display
-        self._manager, self._kernel = manager, manager.kernel
+        self._manager, self._kernel = manager, kernel
 
     def execute(self, code: str) -> IPythonResult:
         self.start()
+        kernel = self._kernel
+        assert kernel is not None and kernel.shell is not None  # start() made them
+        shell = kernel.shell
         for capture in (self.stdout, self.stderr):
             capture.reset()
         self._result_text, self._displays = None, []
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = self.stdout, self.stderr
-        self._kernel._forward_input(False)  # input() raises StdinNotImplementedError
+        kernel._forward_input(False)  # input() raises StdinNotImplementedError
         try:
-            outcome = self._kernel.shell.run_cell(code, store_history=True)
+            outcome = shell.run_cell(code, store_history=True)
         except BaseException as exc:  # noqa: BLE001 - an interrupt that escaped the cell (await)
             self.runner.set_user_code(False)
             self._cancel_leftover_tasks()
@@ -147,9 +158,9 @@ class KernelSession:
             )
         finally:
             sys.stdout, sys.stderr = saved
-            self._kernel._restore_input()
+            kernel._restore_input()
         error = outcome.error_before_exec or outcome.error_in_exec
-        stb = self._kernel.shell._last_traceback if error is not None else None
+        stb = shell._last_traceback if error is not None else None
         return self._result(error, traceback_text=_plain_traceback(stb) if stb else None)
 
     def _result(self, error: BaseException | None, traceback_text: str | None) -> IPythonResult:

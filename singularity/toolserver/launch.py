@@ -143,6 +143,7 @@ class LocalToolServer:
 def _read_line(process: subprocess.Popen, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     data = b""
+    assert process.stdout is not None  # started with stdout=PIPE
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
         while not data.endswith(b"\n"):

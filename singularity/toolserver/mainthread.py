@@ -33,7 +33,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 class _Job:
     def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
-        self.fn, self.args, self.future = fn, args, Future()
+        self.fn, self.args = fn, args
+        self.future: Future[Any] = Future()
 
 
 class MainThreadRunner:
@@ -45,9 +46,11 @@ class MainThreadRunner:
         self._interrupt_for: _Job | None = None
         self._in_user_code = False
         self._stopping = threading.Event()
-        self.on_external_interrupt: Callable[[], None] = lambda: None
+        self.on_external_interrupt: Callable[[], object] = lambda: None  # what it returns is ignored
         self.wakeup_reader, self._wakeup_writer = socket.socketpair()
-        self._main_ident = threading.main_thread().ident
+        main_ident = threading.main_thread().ident
+        assert main_ident is not None  # the main thread has started: it is running this
+        self._main_ident: int = main_ident
 
     # -- from any thread -------------------------------------------------------------------------
 

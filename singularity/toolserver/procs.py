@@ -36,7 +36,9 @@ def session_members(leader: int) -> list[int]:
 def is_running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")
+    if not fields:
+        return False
+    return fields[0] not in ("Z", "X")
 
 
 def kill_session(leader: int, sig: int = signal.SIGKILL) -> list[int]:

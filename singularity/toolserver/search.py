@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
 from .errors import ToolError
 from .protocol import SearchArgs, SearchHit, SearchResult, ValidationError
+
+if TYPE_CHECKING:
+    import bm25s  # imported at the first search only: the server's start-up stays light
 
 
 @runtime_checkable
@@ -37,7 +40,7 @@ class BM25Backend:
     def __init__(self, corpus: Path) -> None:
         self.corpus = corpus
         self._docs: list[dict[str, str]] = []
-        self._index = None
+        self._index: bm25s.BM25 | None = None
         self._lock = threading.Lock()
 
     def search(self, query: str, k: int) -> list[dict[str, Any]]:
@@ -47,6 +50,7 @@ class BM25Backend:
         tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
         if not self._docs or not tokens[0]:
             return []
+        assert self._index is not None  # built by _ensure_index
         ids, scores = self._index.retrieve(tokens, k=min(k, len(self._docs)), show_progress=False)
         return [
             dict(self._docs[int(i)], score=float(s)) for i, s in zip(ids[0], scores[0]) if s > 0

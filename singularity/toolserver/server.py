@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -276,7 +277,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # a stream server's are
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -291,13 +292,15 @@ class _Connection(asyncio.Protocol):
 
     def send(self, body: bytes) -> None:
         """Write one response (dropped when the client has gone)."""
-        if self.transport.is_closing():
+        transport = self.transport
+        assert transport is not None  # requests come only after connection_made
+        if transport.is_closing():
             return
         try:
-            self.transport.write(protocol.frame(body))
+            transport.write(protocol.frame(body))
         except protocol.FrameError as exc:
             request_id = _salvage_id(body)
-            self.transport.write(protocol.frame(protocol.error_body(request_id, "internal", str(exc))))
+            transport.write(protocol.frame(protocol.error_body(request_id, "internal", str(exc))))
 
     def eof_received(self) -> bool:
         if self.frames.partial:
@@ -308,9 +311,11 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def pause_writing(self) -> None:
+        assert self.transport is not None  # asyncio calls this only after connection_made
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        assert self.transport is not None  # asyncio calls this only after connection_made
         self.transport.resume_reading()
 
     def close(self) -> None:

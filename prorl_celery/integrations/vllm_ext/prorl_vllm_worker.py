@@ -20,6 +20,8 @@ dropped theirs after packing and were rebuilt by the reload itself).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 
 def refresh_cpu_gemm(model) -> list[str]:
     """Rebuild the CPU GEMM handle of every layer that kept its 2-D weight; the names."""
@@ -44,6 +46,11 @@ def refresh_cpu_gemm(model) -> list[str]:
 
 class ProrlWorkerExtension:
     """Methods added to vLLM's worker, callable through ``POST /collective_rpc``."""
+
+    if TYPE_CHECKING:  # the worker's own, which vLLM mixes this class into at run time
+        model_runner: Any
+
+        def reload_weights(self, weights_path: str) -> None: ...
 
     def prorl_reload_weights(self, weights_path: str) -> dict:
         """``reload_weights`` from ``weights_path``, then :func:`refresh_cpu_gemm`."""
