@@ -12,7 +12,7 @@ import re
 import threading
 from typing import Any
 
-from handlers.tools import ToolCallError, parse_tool_calls
+from handlers.tool_calls import ToolCallError, parse_tool_calls
 from prorl_celery.llm.fidelity import check_trajectory
 from prorl_celery.llm.tokenizer import ChatTokenizer, load_tokenizer
 

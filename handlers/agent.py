@@ -4,7 +4,7 @@ Every domain handler (math, code, swe, stem) runs its RUN stage through :class:`
 with its own tool set and its own idea of a final answer. The loop owns what they share:
 
 * tool calls parsed from the generated text (Hermes/Qwen ``<tool_call>`` blocks,
-  :mod:`handlers.tools`), the tools described to the model through the chat template;
+  :mod:`handlers.tool_calls`), the tools described to the model through the chat template;
 * every call executed through the sandbox's tool server, its observation appended as a
   ``tool`` message (token-in/token-out: only the new tokens are added);
 * malformed calls, unknown tools, bad arguments and tool-server errors all become an error
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.base import ChatLLM, JobContext
-from handlers.tools import ToolCall, ToolCallError, function_tool, parse_tool_calls
+from handlers.tool_calls import ToolCall, ToolCallError, function_tool, parse_tool_calls
 from singularity.toolserver.errors import ToolError, ToolServerGone
 
 #: an observation longer than this is cut, with a note saying how much was cut

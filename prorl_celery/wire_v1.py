@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from handlers.tools import ToolCall, ToolCallError, parse_tool_calls
+from handlers.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 
 #: the agent ended the run itself (handlers.agent.AgentOutcome.finish_reason)
 SELF_FINISHED = frozenset({"finish", "answer"})

@@ -1,5 +1,5 @@
 """Parsing Hermes/Qwen tool calls out of generated text."""
-from handlers.tools import ToolCall, ToolCallError, parse_tool_calls
+from handlers.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 
 
 def test_calls_are_parsed_in_order():
