@@ -124,8 +124,8 @@ def job(job_id: str):
         conversation=trajectory_view.conversation(result),
         tokens=trajectory_view.token_view(trajectory, tokenizer), tokenizer_note=tokenizer_note,
         fidelity=trajectory_view.fidelity(trajectory, tokenizer),
-        artifacts=trajectory_view.artifacts(result), instance=record.get("instance") or {},
-        sampling=record.get("sampling_params") or {}, auth_on=_auth_on())
+        artifacts=trajectory_view.artifacts(result), instance=record.instance,
+        sampling=record.sampling_params, auth_on=_auth_on())
 
 
 # -- browser sign-in -------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from prorl_celery.errors import BadRequest, Forbidden
 from prorl_celery.job_intake import JobSpec
 from prorl_celery.results import build_result, pending_result
 from prorl_celery.services import get_services
-from prorl_celery.status import JobStatus
 
 from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
 
@@ -60,7 +59,7 @@ def job_response(job_id: str, wait_s: float, *, exists: bool = False):
     store = get_services().store
     store.wait(job_id, wait_s, exists=exists)
     record = store.load(job_id)
-    if JobStatus(record["status"]).terminal:
+    if record.status.terminal:
         return jsonify(build_result(store, record)), 200
     return jsonify(pending_result(store, record)), 202
 

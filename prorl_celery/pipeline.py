@@ -27,6 +27,7 @@ from .nodes import has_live_worker
 from .job_sandboxes import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
+from .store import JobRecord, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,14 +49,16 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
         services.leases.hold(job_id)
         started = time.monotonic()
         try:
-            job = job_context(claim.record, deadline=started + claim.budget_left_s)
+            record = claim.record
+            assert record is not None  # a successful claim carries the record
+            job = job_context(record, deadline=started + claim.budget_left_s)
             try:
-                handler = get_handler(claim.record["task"])
+                handler = get_handler(record.task)
             except UnknownTaskError as error:  # a plug-in missing on this worker: say so, now
-                services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields={
-                    "critical_error": stage.value, "error": f"this worker cannot run the task: {error}"})
+                services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
+                    stage.value, f"this worker cannot run the task: {error}"))
                 return
-            run_coro(_STAGES[stage](services, handler, job, claim.record, cancelled))
+            run_coro(_STAGES[stage](services, handler, job, record, cancelled))
         finally:
             services.leases.release(job_id)
             services.metrics.observe_stage(stage.value, time.monotonic() - started)
@@ -67,7 +70,7 @@ def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatu
     """A job that ended, or was retried from INIT, while its RUN message waited here left its
     sandbox on this node: stop every sandbox of the job here but the current attempt's."""
     try:
-        current = services.store.load(job_id).get("sandbox")
+        current = services.store.load(job_id).sandbox
     except JobNotFound:
         return
     if status.terminal and current:
@@ -79,12 +82,11 @@ def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatu
             run_coro(_close_sandbox(services, {"id": entry.sandbox_id, "node": entry.node}))
 
 
-def job_context(record: dict[str, Any], deadline: float | None = None) -> JobContext:
+def job_context(record: JobRecord, deadline: float | None = None) -> JobContext:
     return JobContext(
-        job_id=record["id"], task=record["task"], instance=record["instance"] or {},
-        sampling_params=record.get("sampling_params") or {}, agent_params=record.get("agent_params") or {},
-        init_result=record.get("init_result") or {},
-        run_result=record.get("run_result") or {}, deadline=deadline, attempt=int(record.get("attempt") or 1),
+        job_id=record.id, task=record.task, instance=record.instance, sampling_params=record.sampling_params,
+        agent_params=record.agent_params, init_result=record.init_result, run_result=record.run_result,
+        deadline=deadline, attempt=record.attempt,
     )
 
 
@@ -129,7 +131,7 @@ def _handler_extras(handler: AgentHandler, job: JobContext) -> dict[str, Any]:
 
 # -- INIT ----------------------------------------------------------------------------------------
 
-async def _init(services: Services, handler: AgentHandler, job: JobContext, record: dict,
+async def _init(services: Services, handler: AgentHandler, job: JobContext, record: JobRecord,
                 cancelled: asyncio.Event) -> None:
     store = services.store
     sandbox: dict[str, str] | None = None
@@ -145,26 +147,25 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         return
     except StageTimeout as error:
         await _close_sandbox(services, sandbox)
-        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields={
-            "critical_error": "timeout", "error": str(error), "extra": _handler_extras(handler, job)})
+        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
+            "timeout", str(error), extra=_handler_extras(handler, job)))
         return
     except Exception as error:  # noqa: BLE001 - any handler failure becomes a fallback result
         log.warning("INIT of job %s failed: %s", job.job_id, describe(error))
         await _close_sandbox(services, sandbox)
         job.init_result = await _fallback(handler.init_exception(job, error), {"error": describe(error)})
-        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields={
-            "critical_error": "init", "error": describe(error), "init_result": job.init_result,
-            "extra": _handler_extras(handler, job)})
+        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
+            "init", describe(error), init_result=job.init_result, extra=_handler_extras(handler, job)))
         return
     # a sandbox lives on this node: its RUN must run here too
     local = handler.node_local or sandbox is not None
     queue = node_queue(Stage.RUN, services.settings.node) if local else None
     if queue and not await _run_worker_appears(services, queue):
         await _close_sandbox(services, sandbox)  # nobody here would ever run it: fail, do not strand
-        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields={
-            "critical_error": "init", "init_result": job.init_result, "extra": _handler_extras(handler, job),
-            "error": f"no live RUN worker on node {services.settings.node} for this node-local job; "
-                     f"start `celery -A prorl_celery worker -Q run` there"})
+        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
+            "init", f"no live RUN worker on node {services.settings.node} for this node-local job; "
+                    f"start `celery -A prorl_celery worker -Q run` there",
+            init_result=job.init_result, extra=_handler_extras(handler, job)))
         return
     # run_queue tells the reaper which node must stay alive for this job to be run at all
     fields = {"init_result": job.init_result, "run_queue": queue or ""}
@@ -223,12 +224,12 @@ def open_session(services: Services, job: JobContext, assignment: Assignment) ->
                         policy_version=lambda: services.pool.version(assignment.address))
 
 
-async def _run(services: Services, handler: AgentHandler, job: JobContext, record: dict,
+async def _run(services: Services, handler: AgentHandler, job: JobContext, record: JobRecord,
                 cancelled: asyncio.Event) -> None:
     store = services.store
     session: TokenSession | None = None
     assignment: Assignment | None = None
-    outcome: dict[str, Any] = {"critical_error": None, "error": None}
+    ended = outcome(None, None)
     try:
         if handler.uses_llm:
             assignment = await bounded(job, cancelled, wait_for_backend(services, job))
@@ -236,32 +237,32 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
                                       "generation": assignment.generation}, status=JobStatus.RUN, attempt=job.attempt)
             session = open_session(services, job, assignment)
             await bounded(job, cancelled, session.fit_backend_context())
-        if record.get("sandbox"):
-            services.sandboxes.adopt(record["sandbox"])
-        async with tool_client(record.get("sandbox")) as job.sandbox:
+        if record.sandbox:
+            services.sandboxes.adopt(record.sandbox)
+        async with tool_client(record.sandbox) as job.sandbox:
             job.run_result = await bounded(job, cancelled, handler.run(job, session))
     except JobCancelled:
         return
     except StageTimeout as error:
         reason = str(error) if assignment or not handler.uses_llm else (
             "no LLM backend was registered within the job's time budget; POST /add_llm_server first")
-        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields={
-            "critical_error": "timeout", "error": reason, "extra": _handler_extras(handler, job),
-            "trajectory": session.trajectory() if session else None})
+        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
+            "timeout", reason, extra=_handler_extras(handler, job),
+            trajectory=session.trajectory() if session else None))
         return
     except Exception as error:  # noqa: BLE001 - RUN failure still goes to EVAL
         log.warning("RUN of job %s failed: %s", job.job_id, describe(error))
         job.run_result = await _fallback(handler.run_exception(job, error), {"error": describe(error)})
-        outcome = {"critical_error": "run", "error": describe(error)}
+        ended = outcome("run", describe(error))
     finally:
         if assignment is not None:
             services.pool.release(assignment.address)
-        await _close_sandbox(services, record.get("sandbox"))  # closed right after RUN, before EVAL
+        await _close_sandbox(services, record.sandbox)  # closed right after RUN, before EVAL
     if session is not None:
         _count_tokens(services, session)
-    fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **outcome}
+    fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **ended}
     if session is not None and session.unsupported_params:  # sampler keys this backend's protocol lacks
-        fields["ignored_params"] = sorted({*(record.get("ignored_params") or []), *session.unsupported_params})
+        fields["ignored_params"] = sorted({*record.ignored_params, *session.unsupported_params})
     if store.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt).ok:
         enqueue(Stage.EVAL, job.job_id)
 
@@ -275,10 +276,10 @@ def _count_tokens(services: Services, session: TokenSession) -> None:
 
 # -- EVAL ----------------------------------------------------------------------------------------
 
-async def _eval(services: Services, handler: AgentHandler, job: JobContext, record: dict,
+async def _eval(services: Services, handler: AgentHandler, job: JobContext, record: JobRecord,
                 cancelled: asyncio.Event) -> None:
     store = services.store
-    critical, error_text = record.get("critical_error") or None, record.get("error") or None
+    critical, error_text = record.critical_error, record.error
     sandbox: dict[str, str] | None = None
     try:
         request = handler.eval_sandbox_request(job)
@@ -289,8 +290,8 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
     except JobCancelled:
         return
     except StageTimeout as error:
-        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields={
-            "critical_error": "timeout", "error": str(error), "extra": _handler_extras(handler, job)})
+        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
+            "timeout", str(error), extra=_handler_extras(handler, job)))
         return
     except Exception as error:  # noqa: BLE001 - a failed evaluation still ends the job well-formed
         log.warning("EVAL of job %s failed: %s", job.job_id, describe(error))
@@ -300,9 +301,8 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
     finally:
         await _close_sandbox(services, sandbox)
     status = JobStatus.FAILED if critical else JobStatus.COMPLETED
-    store.finish(job.job_id, status, attempt=job.attempt, fields={
-        "reward": float(result.reward), "eval": result.details, "critical_error": critical,
-        "error": error_text, "extra": _handler_extras(handler, job)})
+    store.finish(job.job_id, status, attempt=job.attempt, fields=outcome(
+        critical, error_text, reward=float(result.reward), eval=result.details, extra=_handler_extras(handler, job)))
 
 
 _STAGES = {Stage.INIT: _init, Stage.RUN: _run, Stage.EVAL: _eval}

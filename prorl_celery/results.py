@@ -3,49 +3,47 @@ from __future__ import annotations
 
 from typing import Any
 
-from .status import JobStatus, Stage
-from .store import JobStore
+from .status import Stage
+from .store import JobRecord, JobStore
 from .wire_v1 import v1_fields
 
 
-def build_result(store: JobStore, record: dict[str, Any]) -> dict[str, Any]:
+def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
     """Shape a job record into the result: our fields and the ProRL Agent Server v1 ones
     (``wire_v1``), well-formed in every status."""
-    instance = record.get("instance") or {}
-    trajectory = record.get("trajectory")
-    extra = record.get("extra") or {}
-    status = JobStatus(record["status"])
-    reward = float(record["reward"]) if record.get("reward") is not None else 0.0
-    timing = store.timing(record, now=record.get("ended_at")).to_dict()
+    status = record.status
+    reward = record.reward if record.reward is not None else 0.0
+    timing = store.timing(record, now=record.ended_at).to_dict()
+    extra = dict(record.extra)  # a copy: artifacts move out of it
     result: dict[str, Any] = {
-        "job_id": record["id"],
-        "task": record.get("task"),
+        "job_id": record.id,
+        "task": record.task,
         "status": status.value,
         "stage": status.stage.value if status.stage else None,
         "reward": reward,
-        "instance_id": instance.get("instance_id"),
-        "trajectory_id": instance.get("trajectory_id"),
-        "critical_error": record.get("critical_error") or None,
-        "error": record.get("error"),
+        "instance_id": record.instance.get("instance_id"),
+        "trajectory_id": record.instance.get("trajectory_id"),
+        "critical_error": record.critical_error,
+        "error": record.error,
         "timing": timing,
-        "backend": record.get("backend") or None,
-        "generation": int(record["generation"]) if record.get("generation") else None,
-        "attempt": int(record.get("attempt") or 1),
-        "nodes": {stage.value: record.get(f"{stage.value}_node") or None for stage in Stage},
-        "trajectory": trajectory,
-        "eval": record.get("eval") or {},
+        "backend": record.backend,
+        "generation": record.generation,
+        "attempt": record.attempt,
+        "nodes": {stage.value: record.stage_node(stage) for stage in Stage},
+        "trajectory": record.trajectory,
+        "eval": record.eval,
         "artifacts": extra.pop("artifacts", {}),
-        "ignored_sampling_params": record.get("ignored_params") or [],
-        **v1_fields(status=status.value, reward=reward, trajectory=trajectory,
-                    run_result=record.get("run_result") or {}, timing=timing),
+        "ignored_sampling_params": record.ignored_params,
+        **v1_fields(status=status.value, reward=reward, trajectory=record.trajectory,
+                    run_result=record.run_result, timing=timing),
     }
     result.update({k: v for k, v in extra.items() if k not in result})
     return result
 
 
-def pending_result(store: JobStore, record: dict[str, Any]) -> dict[str, Any]:
+def pending_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
     """What a caller sees while the job is still on its way."""
-    status = JobStatus(record["status"])
-    return {"job_id": record["id"], "status": status.value,
+    status = record.status
+    return {"job_id": record.id, "status": status.value,
             "stage": status.stage.value if status.stage else None,
             "timing": store.timing(record).to_dict()}

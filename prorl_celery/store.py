@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import msgspec
 import redis
 
 from . import keys
@@ -34,6 +35,78 @@ RECENT_JOBS_KEPT = 100_000
 #: how long a transition keeps retrying while Redis is unreachable (a restart), before it raises
 REDIS_OUTAGE_S = 30.0
 _waiter_lock = threading.Lock()
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One job as the store holds it, decoded once, with its fields as typed attributes.
+
+    A field the hash lacks, or holds empty (the store writes None as ``""``), reads as its
+    default. ``record[name]`` and ``record.get(name)`` read the fields as stored instead (JSON
+    fields decoded, times as floats, the rest as text): for a field no attribute names.
+    """
+
+    id: str
+    task: str = ""
+    status: JobStatus
+    # the request
+    instance: dict[str, Any] = {}
+    sampling_params: dict[str, Any] = {}  # sampler keys (prorl_celery.sampling)
+    agent_params: dict[str, Any] = {}
+    ignored_params: list[str] = []
+    budget_s: float = 0.0
+    attempt: int = 1  # > 1 once retried from INIT after a lost worker
+    max_attempts: int = 1
+    retry_reason: str | None = None
+    cancel_requested: bool = False
+    # the PausableTimer, in Redis time (seconds)
+    created_at: float = 0.0
+    status_at: float | None = None
+    ended_at: float | None = None
+    resumed_at: float | None = None  # set while a stage executes
+    active_s: float = 0.0
+    init_s: float = 0.0
+    run_s: float = 0.0
+    eval_s: float = 0.0
+    lease_until: float | None = None
+    # where the current attempt ran
+    node: str | None = None
+    init_node: str | None = None
+    run_node: str | None = None
+    eval_node: str | None = None
+    worker_pid: int | None = None
+    run_queue: str | None = None  # run.<node> for a node-local job
+    sandbox: dict[str, Any] | None = None
+    backend: str | None = None
+    backend_protocol: str | None = None
+    generation: int | None = None
+    # what the stages produced
+    init_result: dict[str, Any] = {}
+    run_result: dict[str, Any] = {}
+    trajectory: dict[str, Any] | None = None
+    eval: dict[str, Any] = {}
+    reward: float | None = None
+    extra: dict[str, Any] = {}  # the handler's final_result
+    critical_error: str | None = None  # the stage that failed, or "timeout"
+    error: str | None = None
+    transition_id: str | None = None
+    #: the fields as stored (see the class docstring)
+    stored: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.stored[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.stored.get(name, default)
+
+    def stage_node(self, stage: Stage) -> str | None:
+        """The node that ran ``stage`` of the current attempt."""
+        return {Stage.INIT: self.init_node, Stage.RUN: self.run_node, Stage.EVAL: self.eval_node}[stage]
+
+
+def outcome(critical_error: str | None, error: str | None, **fields: Any) -> dict[str, Any]:
+    """The fields that say how a stage ended: ``critical_error`` names the stage that failed (or
+    ``"timeout"``; None when none did) and ``error`` says why, beside any other ``fields``."""
+    return {**fields, "critical_error": critical_error, "error": error}
 
 
 def load_script(client: redis.Redis, name: str):
@@ -58,7 +131,7 @@ class Transition:
     ok: bool
     previous: JobStatus | None  # None: the job does not exist
     budget_left_s: float = 0.0
-    record: dict[str, Any] | None = None  # the job record after a successful stage claim
+    record: JobRecord | None = None  # the job record after a successful stage claim
 
 
 @dataclass(frozen=True)
@@ -84,16 +157,19 @@ def _encode(fields: dict[str, Any]) -> list[str]:
     return flat
 
 
-def decode_record(raw: dict[str, str]) -> dict[str, Any]:
-    record: dict[str, Any] = {}
+def decode_record(raw: dict[str, str]) -> JobRecord:
+    """The record of a job's hash (as HGETALL returns it)."""
+    stored: dict[str, Any] = {}
     for name, value in raw.items():
         if name in JSON_FIELDS:
-            record[name] = json.loads(value) if value else None
+            stored[name] = json.loads(value) if value else None
         elif name in FLOAT_FIELDS:
-            record[name] = float(value) if value else None
+            stored[name] = float(value) if value else None
         else:
-            record[name] = value
-    return record
+            stored[name] = value
+    present = {name: value for name, value in stored.items() if value is not None and value != ""}
+    # strict=False: the hash holds text, so "2" is read as the int 2 and "1" as True
+    return msgspec.convert({**present, "stored": stored}, JobRecord, strict=False)
 
 
 class JobStore:
@@ -131,7 +207,7 @@ class JobStore:
             raise ServiceStopped("the service is stopped; POST /start to accept jobs again")
         return [(bool(created), JobStatus(status)) for created, status in replies]
 
-    def load(self, job_id: str) -> dict[str, Any]:
+    def load(self, job_id: str) -> JobRecord:
         raw = self.redis.hgetall(keys.job(job_id))
         if not raw:
             raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
@@ -206,8 +282,7 @@ class JobStore:
         if raw.get("transition_id") != token:
             return None
         record = decode_record(raw)
-        budget_left = (record.get("budget_s") or 0.0) - (record.get("active_s") or 0.0)
-        return Transition(True, None, budget_left, record if with_record else None)
+        return Transition(True, None, record.budget_s - record.active_s, record if with_record else None)
 
     def claim_stage(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None) -> Transition:
         """``pending_<stage>`` -> ``<stage>`` and start the timer; fails for a redelivery.
@@ -239,18 +314,17 @@ class JobStore:
 
     # -- timer ---------------------------------------------------------------------------------
 
-    def timing(self, record: dict[str, Any], now: float | None = None) -> StageTiming:
+    def timing(self, record: JobRecord, now: float | None = None) -> StageTiming:
         """Stage times of a record; the running stage counts up to ``now`` (Redis time)."""
         now = now if now is not None else self.server_time()
-        per_stage = {s: record.get(f"{s.value}_s") or 0.0 for s in Stage}
-        active = record.get("active_s") or 0.0
-        resumed = record.get("resumed_at")
-        if resumed and record["status"] in {s.value for s in Stage}:
-            running = now - float(resumed)
+        per_stage = {Stage.INIT: record.init_s, Stage.RUN: record.run_s, Stage.EVAL: record.eval_s}
+        active = record.active_s
+        if record.resumed_at and record.status.value in {s.value for s in Stage}:
+            running = now - record.resumed_at
             active += running
-            per_stage[Stage(record["status"])] += running
-        end = record.get("ended_at") or now
-        queued = max(0.0, end - record["created_at"] - active)
+            per_stage[Stage(record.status.value)] += running
+        end = record.ended_at or now
+        queued = max(0.0, end - record.created_at - active)
         return StageTiming(per_stage[Stage.INIT], per_stage[Stage.RUN], per_stage[Stage.EVAL], active, queued)
 
     def server_time(self) -> float:

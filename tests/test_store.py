@@ -14,7 +14,7 @@ from prorl_celery import keys
 from prorl_celery.errors import JobNotFound, ServiceStopped
 from prorl_celery.llm.pool import BackendPool
 from prorl_celery.status import ALLOWED_FROM, JobStatus, Stage, can_transition
-from prorl_celery.store import JobStore
+from prorl_celery.store import JobRecord, JobStore, outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +46,26 @@ def test_create_is_idempotent_and_refused_when_stopped(store):
         store.create("j2", {"task": "noop"})
     with pytest.raises(JobNotFound):
         store.load("j2")
+
+
+def test_the_record_is_decoded_once_into_typed_fields(store):
+    store.create("j1", {"task": "math", "instance": {"problem": "p"}, "budget_s": 10, "attempt": 1,
+                        "max_attempts": 2, "ignored_params": ["top_k"]})
+    claim = store.claim_stage("j1", Stage.INIT, {"init_node": "n1", "worker_pid": 42})
+    record = claim.record
+    assert isinstance(record, JobRecord) and record.status is JobStatus.INIT
+    assert (record.id, record.task, record.instance, record.ignored_params) == ("j1", "math", {"problem": "p"}, ["top_k"])
+    assert (record.attempt, record.max_attempts, record.worker_pid, record.budget_s) == (1, 2, 42, 10.0)
+    assert record.resumed_at is not None and record.resumed_at >= record.created_at > 0
+    # absent fields read as their defaults; the stage's node by stage
+    assert (record.trajectory, record.reward, record.init_result, record.extra) == (None, None, {}, {})
+    assert record.stage_node(Stage.INIT) == "n1" and record.stage_node(Stage.RUN) is None
+    # None is stored as "" (a hash holds text): the attribute reads None, the stored view ""
+    store.finish("j1", JobStatus.FAILED, outcome("init", "ValueError: bad", backend=None), attempt=1)
+    record = store.load("j1")
+    assert (record.critical_error, record.error, record.backend) == ("init", "ValueError: bad", None)
+    assert (record["backend"], record["attempt"], record.get("nope", "-")) == ("", "1", "-")
+    assert record.ended_at is not None and record.status.terminal
 
 
 def test_a_stage_is_claimed_once(store):
