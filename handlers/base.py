@@ -4,6 +4,7 @@ A handler holds the task logic of one task family (math, code, swe, stem) and no
 it never imports Redis, Celery or Flask. The pipeline calls it once per stage and hands it
 what it needs as arguments:
 
+    parse_instance(instance)  -> the instance in the handler's own shape (job.parsed_instance)
     init(job)                 -> dict            stored as job.init_result
     run(job, llm)             -> dict            stored as job.run_result
     eval(job)                 -> EvalResult      reward and details
@@ -78,6 +79,8 @@ class JobContext:
     #: during INIT and RUN of a job that asked for a sandbox: a connected
     #: ``singularity.toolserver.client.ToolClient`` (bash, ipython, editor, search)
     sandbox: Any = None
+    #: ``instance`` in the handler's own shape, parsed on first use (``AgentHandler.instance_of``)
+    parsed_instance: Any = None
 
     def time_left(self) -> float | None:
         """Seconds of budget left, or None when the job has no budget."""
@@ -135,11 +138,26 @@ class AgentHandler:
         """
         return None
 
+    def parse_instance(self, instance: dict[str, Any]) -> Any:
+        """The instance in this handler's own shape (a dataclass, say), or ValueError naming the
+        missing or wrong field. The default keeps the dict as it is."""
+        return instance
+
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Raise ValueError with a clear message when an instance cannot be served.
 
         Called by the gateway before a job is accepted, so bad input is a 400, not a failed job.
+        The default parses it (``parse_instance``).
         """
+        self.parse_instance(instance)
+
+    def instance_of(self, job: JobContext) -> Any:
+        """``job.instance`` parsed, once per ``JobContext``: the first call of a stage parses
+        it, every later one reuses it. Each stage parses it anew, because a stage may run on
+        another node, whose files (a swe repository's bundle) are its own."""
+        if job.parsed_instance is None:
+            job.parsed_instance = self.parse_instance(job.instance)
+        return job.parsed_instance
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         return {}

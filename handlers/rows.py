@@ -1,13 +1,29 @@
-"""Field checks every task family's instance parsing shares: a verl-style row (its ``prompt``
-messages, ``reward_model`` and ``extra_info``), and ``max_iterations``. Each raises ValueError
-naming the field, which the gateway turns into a 400."""
+"""What every task family's instance parsing shares: telling a verl-style row (its ``prompt``
+messages, ``reward_model`` and ``extra_info``) from the family's own plain row, reading the verl
+row, and ``max_iterations``. Each raises ValueError naming the field, which the gateway turns
+into a 400."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+T = TypeVar("T")
+
+
+def is_verl_row(instance: dict[str, Any]) -> bool:
+    """A verl row has its ``prompt`` as a list of messages, or a ``reward_model``; a plain row
+    may have a ``prompt`` string (the problem text of some data sets)."""
+    return isinstance(instance.get("prompt"), list) or "reward_model" in instance
+
+
+def parse_row(instance: Any, *, verl: Callable[[dict[str, Any]], T], plain: Callable[[dict[str, Any]], T]) -> T:
+    """``instance`` parsed by ``verl`` when it is a verl row, else by ``plain``."""
+    if not isinstance(instance, dict):
+        raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
+    return verl(instance) if is_verl_row(instance) else plain(instance)
 
 
 def prompt_messages(prompt: Any, hint: str = "") -> list[dict[str, Any]]:

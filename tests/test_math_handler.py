@@ -336,6 +336,26 @@ def test_run_without_init_result_normalises_the_instance() -> None:
     assert run(MathHandler().eval(job)).reward == 1.0
 
 
+def test_the_instance_is_parsed_once_per_job_context_and_run_never_redoes_init() -> None:
+    parsed: list[Any] = []
+
+    class Counting(MathHandler):
+        def parse_instance(self, instance: dict[str, Any]) -> Any:
+            parsed.append(instance)
+            return super().parse_instance(instance)
+
+        async def init(self, job: JobContext) -> dict[str, Any]:
+            raise AssertionError("RUN and EVAL read the parsed instance, not INIT's work")
+
+    handler = Counting()
+    job = JobContext(job_id="j", task="math", instance=PROBLEM)
+    job.run_result = run(handler.run(job, ScriptedLLM([r"\boxed{12}"])))
+    assert run(handler.eval(job)).reward == 1.0
+    assert parsed == [PROBLEM] and job.parsed_instance.ground_truth == "12"
+    handler.validate_instance(PROBLEM)  # the gateway's check parses too, with nothing to keep
+    assert len(parsed) == 2
+
+
 def test_eval_from_a_non_main_thread() -> None:
     job = JobContext(job_id="j", task="math", instance={"problem": "Half?", "answer": "0.5"})
     job.init_result = run(MathHandler().init(job))

@@ -40,14 +40,14 @@ class AgentProgramHandler(AgentHandler):
     aliases: ClassVar[tuple[str, ...]] = ("agent_program", "byo_agent")
     node_local: ClassVar[bool] = True
 
-    def validate_instance(self, instance: dict[str, Any]) -> None:
-        normalize_instance(instance)
+    def parse_instance(self, instance: dict[str, Any]) -> AgentInstance:
+        return normalize_instance(instance)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest:
-        return self._sandbox(normalize_instance(job.instance))
+        return self._sandbox(self.instance_of(job))
 
     def eval_sandbox_request(self, job: JobContext) -> SandboxRequest | None:
-        instance = normalize_instance(job.instance)
+        instance: AgentInstance = self.instance_of(job)
         return self._sandbox(instance) if instance.evaluator_type == "swe" else None
 
     @staticmethod
@@ -57,7 +57,7 @@ class AgentProgramHandler(AgentHandler):
         return SandboxRequest(binds=binds, memory_bytes=16 * 2**30, max_processes=1024)
 
     async def init(self, job: JobContext) -> dict[str, Any]:
-        instance = normalize_instance(job.instance)
+        instance: AgentInstance = self.instance_of(job)
         if instance.swe is not None:
             await sh(job.sandbox, checkout_command(instance.swe), timeout_s=120)
         await sh(job.sandbox, f"mkdir -p {TASK_DIR} {shlex.quote(instance.cwd)}")
@@ -76,7 +76,7 @@ class AgentProgramHandler(AgentHandler):
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
         from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
 
-        instance = normalize_instance(job.instance)
+        instance: AgentInstance = self.instance_of(job)
         if job.sandbox is None:
             raise RuntimeError("the agent task needs its sandbox")
         key = secrets.token_urlsafe(32)
@@ -126,11 +126,11 @@ class AgentProgramHandler(AgentHandler):
         return {"finish_reason": "error", "error": f"{type(error).__name__}: {error}", "patch": ""}
 
     async def eval(self, job: JobContext) -> EvalResult:
-        instance = normalize_instance(job.instance)
+        instance: AgentInstance = self.instance_of(job)
         kind = instance.evaluator_type
         run = job.run_result
         if kind == "swe":
-            swe_job = dataclasses.replace(job, task="swe", instance=instance.swe_row)
+            swe_job = dataclasses.replace(job, task="swe", instance=instance.swe_row, parsed_instance=instance.swe)
             result = await SweHandler().eval(swe_job)
             return result
         if kind == "math":

@@ -25,7 +25,6 @@ from handlers.code.instances import (
     SOLUTION_FILE,
     CodeInstance,
     normalize_instance,
-    validate_instance,
 )
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON
 
@@ -58,8 +57,8 @@ class CodeHandler(AgentHandler):
     #: seconds the eval's judge call may take beyond the sum of its tests' wall-clock limits
     judge_margin_s: ClassVar[float] = 30.0
 
-    def validate_instance(self, instance: dict[str, Any]) -> None:
-        validate_instance(instance)
+    def parse_instance(self, instance: dict[str, Any]) -> CodeInstance:
+        return normalize_instance(instance)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         return SandboxRequest(max_processes=256)
@@ -68,22 +67,22 @@ class CodeHandler(AgentHandler):
         """A fresh sandbox when there is a solution to judge (none: reward 0 without one)."""
         if not job.run_result.get("solution"):
             return None
-        memory = _instance(job).memory_mb * 2**20
+        memory = self.instance_of(job).memory_mb * 2**20
         return SandboxRequest(memory_bytes=max(4 * 2**30, memory + EVAL_SANDBOX_HEADROOM), max_processes=256)
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         """``{"messages", "max_iterations", "tools", "style", "metadata"}``; the tests stay out."""
-        code = normalize_instance(job.instance)
+        code: CodeInstance = self.instance_of(job)
         return {"messages": code.messages, "max_iterations": code.max_iterations, "tools": list(code.tools),
                 "style": code.style, "tests": len(code.tests), "metadata": code.metadata}
 
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
         """The agent loop, then the solution read out of the sandbox before it is closed."""
-        setup = job.init_result if "messages" in job.init_result else await self.init(job)
-        loop = AgentLoop(tools=[_TOOLS[name] for name in setup["tools"]],
-                         max_iterations=int(setup["max_iterations"]), tool_timeout_s=self.tool_timeout_s,
+        code: CodeInstance = self.instance_of(job)
+        loop = AgentLoop(tools=[_TOOLS[name] for name in code.tools],
+                         max_iterations=code.max_iterations, tool_timeout_s=self.tool_timeout_s,
                          min_context_tokens=self.min_context_tokens, answer_in_text=extract_code)
-        outcome = await loop.run(job, llm, setup["messages"])
+        outcome = await loop.run(job, llm, code.messages)
         solution, source, problem = None, None, None
         if job.sandbox is not None:
             try:
@@ -103,7 +102,8 @@ class CodeHandler(AgentHandler):
     async def eval(self, job: JobContext) -> EvalResult:
         """Run every hidden test in the fresh sandbox; reward 1.0 only when all pass."""
         solution = job.run_result.get("solution")
-        code = _instance(job)
+        # the hidden tests come from the instance itself: they were never copied anywhere else
+        code: CodeInstance = self.instance_of(job)
         if not solution:
             details = {"error": job.run_result.get("solution_error") or "no solution was produced", "reward": 0.0,
                        "passed": 0, "total": len(code.tests), "fraction_passed": 0.0, "counts": {},
@@ -136,11 +136,6 @@ class CodeHandler(AgentHandler):
         total = sum(t["time_limit_s"] * t["wall_factor"] + 1.5 for t in tests) + self.judge_margin_s
         left = job.time_left()
         return total if left is None else max(1.0, min(total, left))
-
-
-def _instance(job: JobContext) -> CodeInstance:
-    # EVAL reads the tests from the instance itself: they were never copied anywhere else
-    return normalize_instance(job.instance)
 
 
 def judge_tests(code: CodeInstance, wall_factor: float = 3.0) -> list[dict[str, Any]]:

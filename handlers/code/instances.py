@@ -30,7 +30,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from handlers.rows import verl_row
+
+from handlers.rows import parse_row, verl_row
 
 DEFAULT_TIME_LIMIT_S = 2.0
 MAX_TIME_LIMIT_S = 60.0
@@ -77,11 +78,7 @@ class CodeInstance:
 
 def normalize_instance(instance: Any) -> CodeInstance:
     """The instance as prompt + hidden tests; ValueError names what is wrong."""
-    if not isinstance(instance, dict):
-        raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
-    if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
-        return _from_verl_row(instance)
-    return _from_plain_row(instance)
+    return parse_row(instance, verl=_from_verl_row, plain=_from_plain_row)
 
 
 def validate_instance(instance: Any) -> None:

@@ -1,6 +1,6 @@
 """MathHandler: answer a math problem in one or more model turns, graded against a rule.
 
-INIT normalises the instance (see ``instances``); RUN asks the model, and when a reply has no
+INIT returns the instance in the handler's shape (see ``instances``); RUN asks the model, and when a reply has no
 boxed answer and turns remain, asks once more for the final answer; EVAL grades the answer
 (see ``grading``). No sandbox: every stage can run on any node.
 """
@@ -12,7 +12,7 @@ from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_tools import PYTHON
 from handlers.math.grading import extract_boxed, is_equivalent
-from handlers.math.instances import normalize_instance, validate_instance
+from handlers.math.instances import MathInstance, normalize_instance
 
 FOLLOW_UP = (
     "Your reply does not contain a final answer in the required format. "
@@ -35,16 +35,19 @@ class MathHandler(AgentHandler):
     #: time one python tool call may take inside the sandbox
     tool_timeout_s: ClassVar[float] = 30.0
 
+    def parse_instance(self, instance: dict[str, Any]) -> MathInstance:
+        return normalize_instance(instance)
+
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Raise ValueError naming the missing or wrong field (the gateway returns 400)."""
-        validate_instance(instance)
+        self.parse_instance(instance)
         tools = instance.get("tools")
         if tools is not None and (not isinstance(tools, list) or set(tools) - {"python"}):
             raise ValueError("'tools' must be a list of known tools: [\"python\"]")
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         """Return ``{"messages", "ground_truth", "max_iterations", "metadata"}``."""
-        normalized = normalize_instance(job.instance)
+        normalized: MathInstance = self.instance_of(job)
         return {
             "messages": normalized.messages,
             "ground_truth": normalized.ground_truth,
@@ -60,12 +63,12 @@ class MathHandler(AgentHandler):
         without an answer), ``"context"`` (too little context left for another turn) or
         ``"time"`` (the job's budget ran out between turns).
         """
-        setup = job.init_result if "messages" in job.init_result else await self.init(job)
+        instance: MathInstance = self.instance_of(job)
         loop = AgentLoop(tools=[PYTHON] if job.sandbox is not None else [], finish_tool=False,
-                         max_iterations=int(setup.get("max_iterations", 1)),
+                         max_iterations=instance.max_iterations,
                          tool_timeout_s=self.tool_timeout_s, min_context_tokens=self.min_context_tokens,
                          answer_in_text=extract_boxed, nudge=FOLLOW_UP)
-        return await loop.run(job, llm, setup["messages"])
+        return await loop.run(job, llm, instance.messages)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """Jobs with ``"tools": ["python"]`` get a sandbox whose IPython runs the agent's code."""
@@ -74,7 +77,7 @@ class MathHandler(AgentHandler):
     async def eval(self, job: JobContext) -> EvalResult:
         """Reward 1.0 when the answer is equivalent to the ground truth, else 0.0."""
         answer = job.run_result.get("answer")
-        ground_truth = self._ground_truth(job)
+        ground_truth = self.instance_of(job).ground_truth
         correct = is_equivalent(answer, ground_truth)
         details = {"answer": answer, "ground_truth": ground_truth, "correct": correct}
         return EvalResult(reward=1.0 if correct else 0.0, details=details)
@@ -97,9 +100,3 @@ class MathHandler(AgentHandler):
             "error": f"{type(error).__name__}: {error}",
         }
         return EvalResult(reward=0.0, details=details)
-
-    @staticmethod
-    def _ground_truth(job: JobContext) -> str:
-        if "ground_truth" in job.init_result:
-            return str(job.init_result["ground_truth"])
-        return normalize_instance(job.instance).ground_truth

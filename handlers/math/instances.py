@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.math.grading import extract_boxed
-from handlers.rows import read_max_iterations, verl_row
+from handlers.rows import parse_row, read_max_iterations, verl_row
 
 SYSTEM_PROMPT = (
     "You are a careful mathematician. Reason step by step, then state the final answer "
@@ -51,12 +51,7 @@ class MathInstance:
 
 def normalize_instance(instance: Any) -> MathInstance:
     """Return the instance as messages + ground truth; ValueError names what is wrong."""
-    if not isinstance(instance, dict):
-        raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
-    max_iterations = read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP)
-    if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
-        return _from_verl_row(instance, max_iterations)
-    return _from_plain_pair(instance, max_iterations)
+    return parse_row(instance, verl=_from_verl_row, plain=_from_plain_pair)
 
 
 def validate_instance(instance: Any) -> None:
@@ -72,7 +67,12 @@ def default_messages(problem: str) -> list[dict[str, str]]:
     ]
 
 
-def _from_plain_pair(instance: dict[str, Any], max_iterations: int) -> MathInstance:
+def _max_iterations(instance: dict[str, Any]) -> int:
+    return read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP)
+
+
+def _from_plain_pair(instance: dict[str, Any]) -> MathInstance:
+    max_iterations = _max_iterations(instance)
     problem = _first_present(instance, PROBLEM_KEYS)
     # a string 'prompt' is the problem text in some datasets (the verl shape uses a list)
     if problem is None and isinstance(instance.get("prompt"), str):
@@ -95,7 +95,8 @@ def _from_plain_pair(instance: dict[str, Any], max_iterations: int) -> MathInsta
     return MathInstance(default_messages(text), ground_truth, max_iterations, metadata)
 
 
-def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> MathInstance:
+def _from_verl_row(instance: dict[str, Any]) -> MathInstance:
+    max_iterations = _max_iterations(instance)
     row = verl_row(instance, SHAPE_HINT)
     ground_truth = _answer_string(row.ground_truth, "reward_model.ground_truth")
     return MathInstance(row.messages, ground_truth, max_iterations, row.metadata)

@@ -1,6 +1,6 @@
 """StemHandler: answer a science question with a search tool over a shipped corpus and python.
 
-INIT normalises the instance (``instances``); the sandbox it starts has the shipped corpus
+INIT returns the instance in the handler's shape (``instances``); the sandbox it starts has the shipped corpus
 (``data/corpus.jsonl``) bound read-only at ``/data/stem``, and one search there builds the tool
 server's BM25 index before RUN. RUN is the shared agent loop with ``search``, ``python`` and
 ``finish``; the final answer is the ``finish`` tool's ``answer`` or, in a reply without tool
@@ -17,7 +17,7 @@ from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_tools import PYTHON, SEARCH
 from handlers.stem.grading import extract_answer, grade
-from handlers.stem.instances import normalize_instance, validate_instance
+from handlers.stem.instances import StemInstance, normalize_instance
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: where the shipped corpus appears inside the sandbox
@@ -39,8 +39,8 @@ class StemHandler(AgentHandler):
     tool_timeout_s: ClassVar[float] = 30.0
     min_context_tokens: ClassVar[int] = 64
 
-    def validate_instance(self, instance: dict[str, Any]) -> None:
-        validate_instance(instance)
+    def parse_instance(self, instance: dict[str, Any]) -> StemInstance:
+        return normalize_instance(instance)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest:
         return SandboxRequest(binds=((str(DATA_DIR), CORPUS_MOUNT),),
@@ -54,7 +54,7 @@ class StemHandler(AgentHandler):
         which holds no LLM backend, instead of in the agent's first tool call. A corpus that cannot
         be indexed fails INIT with the reason.
         """
-        normalized = normalize_instance(job.instance)
+        normalized: StemInstance = self.instance_of(job)
         warmup = None
         if job.sandbox is not None:
             started = time.monotonic()
@@ -66,16 +66,16 @@ class StemHandler(AgentHandler):
 
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
         """The agent loop's outcome (``answer``, ``finish_reason``, ``iterations``, tool counts)."""
-        setup = job.init_result if "messages" in job.init_result else await self.init(job)
+        instance: StemInstance = self.instance_of(job)
         tools = [SEARCH, PYTHON] if job.sandbox is not None else []
-        loop = AgentLoop(tools=tools, max_iterations=int(setup["max_iterations"]),
+        loop = AgentLoop(tools=tools, max_iterations=instance.max_iterations,
                          tool_timeout_s=self.tool_timeout_s, min_context_tokens=self.min_context_tokens,
                          answer_in_text=extract_answer, nudge=NUDGE)
-        return await loop.run(job, llm, setup["messages"])
+        return await loop.run(job, llm, instance.messages)
 
     async def eval(self, job: JobContext) -> EvalResult:
         """Reward 1.0 when the answer matches the gold answer (or an alias), else 0.0."""
-        gold = self._gold(job)
+        gold = self.instance_of(job).gold()
         answer = job.run_result.get("answer")
         result = grade(answer, gold["answer"], aliases=gold["aliases"], answer_type=gold["answer_type"],
                        tolerance=gold["tolerance"])
@@ -93,9 +93,3 @@ class StemHandler(AgentHandler):
         keys = ("answer", "finish_reason", "iterations", "tool_calls", "tool_errors", "tool_log")
         return {"artifacts": {**{key: job.run_result.get(key) for key in keys},
                               "index_warmup_s": job.init_result.get("index_warmup_s")}}
-
-    @staticmethod
-    def _gold(job: JobContext) -> dict[str, Any]:
-        if "gold" in job.init_result:
-            return job.init_result["gold"]
-        return normalize_instance(job.instance).gold()

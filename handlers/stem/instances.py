@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.stem.grading import ANSWER_TYPES
-from handlers.rows import read_max_iterations, verl_row
+from handlers.rows import parse_row, read_max_iterations, verl_row
 
 SYSTEM_PROMPT = (
     "You answer science questions with the help of tools. Use `search` to look up facts in the "
@@ -72,12 +72,7 @@ class StemInstance:
 
 def normalize_instance(instance: Any) -> StemInstance:
     """Return the instance in the handler's shape; ValueError names the bad field."""
-    if not isinstance(instance, dict):
-        raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
-    max_iterations = read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP)
-    if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
-        return _from_verl_row(instance, max_iterations)
-    return _from_plain(instance, max_iterations)
+    return parse_row(instance, verl=_from_verl_row, plain=_from_plain)
 
 
 def validate_instance(instance: Any) -> None:
@@ -88,7 +83,12 @@ def default_messages(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question.strip()}]
 
 
-def _from_plain(instance: dict[str, Any], max_iterations: int) -> StemInstance:
+def _max_iterations(instance: dict[str, Any]) -> int:
+    return read_max_iterations(instance, DEFAULT_MAX_ITERATIONS, MAX_ITERATIONS_CAP)
+
+
+def _from_plain(instance: dict[str, Any]) -> StemInstance:
+    max_iterations = _max_iterations(instance)
     key = next((k for k in QUESTION_KEYS if instance.get(k) is not None), None)
     if key is None:
         raise ValueError(SHAPE_HINT)
@@ -114,7 +114,8 @@ def _from_plain(instance: dict[str, Any], max_iterations: int) -> StemInstance:
                         metadata)
 
 
-def _from_verl_row(instance: dict[str, Any], max_iterations: int) -> StemInstance:
+def _from_verl_row(instance: dict[str, Any]) -> StemInstance:
+    max_iterations = _max_iterations(instance)
     row = verl_row(instance, SHAPE_HINT)
     messages, truth = row.messages, row.ground_truth
     rule: dict[str, Any] = dict(row.extra_info)

@@ -18,7 +18,7 @@ from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_tools import BASH, EDITOR
 from handlers.swe.evaluation import grade, parse_junit, patch_paths, pytest_command, statuses_of, files_of_tests
-from handlers.swe.instances import SweInstance, normalize_instance, validate_instance
+from handlers.swe.instances import SweInstance, normalize_instance
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_bytes
 
 #: where the directory holding the instance's bundle appears inside the sandbox (read-only)
@@ -60,16 +60,16 @@ class SweHandler(AgentHandler):
     #: one tool call (a test run, say) may take this long in the sandbox
     tool_timeout_s: ClassVar[float] = 120.0
 
-    def validate_instance(self, instance: dict[str, Any]) -> None:
-        """Raise ValueError naming the missing or wrong field (the gateway returns 400)."""
-        validate_instance(instance)
+    def parse_instance(self, instance: dict[str, Any]) -> SweInstance:
+        """The instance as a ``SweInstance``; ValueError names the missing or wrong field."""
+        return normalize_instance(instance)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest:
-        return self._sandbox(normalize_instance(job.instance))
+        return self._sandbox(self.instance_of(job))
 
     def eval_sandbox_request(self, job: JobContext) -> SandboxRequest:
         """A fresh sandbox: the hidden tests never run where the agent worked."""
-        return self._sandbox(normalize_instance(job.instance))
+        return self._sandbox(self.instance_of(job))
 
     @staticmethod
     def _sandbox(instance: SweInstance) -> SandboxRequest:
@@ -77,7 +77,7 @@ class SweHandler(AgentHandler):
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         """Check the repository out at ``base_commit``; returns the prompt and the limits."""
-        instance = normalize_instance(job.instance)
+        instance: SweInstance = self.instance_of(job)
         await sh(job.sandbox, checkout_command(instance), timeout_s=120)
         return {"messages": instance.messages(), "repo_dir": instance.repo_dir,
                 "base_commit": instance.base_commit, "max_iterations": instance.max_iterations,
@@ -89,12 +89,10 @@ class SweHandler(AgentHandler):
         When the loop itself fails (the LLM backend, say), the patch so far is still taken and
         handed to ``run_exception`` so EVAL grades what the agent did.
         """
-        instance = normalize_instance(job.instance)
-        setup = job.init_result if "messages" in job.init_result else await self.init(job)
-        loop = AgentLoop(tools=[BASH, EDITOR], max_iterations=int(setup.get("max_iterations", instance.max_iterations)),
-                         tool_timeout_s=self.tool_timeout_s)
+        instance: SweInstance = self.instance_of(job)
+        loop = AgentLoop(tools=[BASH, EDITOR], max_iterations=instance.max_iterations, tool_timeout_s=self.tool_timeout_s)
         try:
-            outcome = await loop.run(job, llm, setup["messages"])
+            outcome = await loop.run(job, llm, instance.messages())
         except Exception as error:
             try:
                 error.swe_patch = await self._take_patch(job, instance)  # type: ignore[attr-defined]
@@ -119,7 +117,7 @@ class SweHandler(AgentHandler):
 
     async def eval(self, job: JobContext) -> EvalResult:
         """Reward 1.0 when the model patch resolves the instance, else 0.0 (details say why)."""
-        instance = normalize_instance(job.instance)
+        instance: SweInstance = self.instance_of(job)
         if job.sandbox is None:
             raise RuntimeError("EVAL needs its sandbox (eval_sandbox_request)")
         patch = job.run_result.get("patch") or ""

@@ -34,7 +34,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from handlers.rows import prompt_messages, read_max_iterations
+
+from handlers.rows import parse_row, prompt_messages, read_max_iterations
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED_REPOS = DATA_DIR / "repos"
@@ -104,12 +105,14 @@ class SweInstance:
 
 def normalize_instance(instance: Any) -> SweInstance:
     """The instance as a ``SweInstance``; ValueError names the missing or wrong field."""
-    if not isinstance(instance, dict):
-        raise ValueError(f"instance must be a JSON object, got {type(instance).__name__}")
-    prompt, fields, where = None, instance, ""
-    if isinstance(instance.get("prompt"), list) or "reward_model" in instance:
-        prompt, fields = _verl_fields(instance)
-        where = "extra_info."
+    return parse_row(instance, verl=lambda row: _from_fields(row, *_verl_fields(row), "extra_info."),
+                     plain=lambda row: _from_fields(row, None, row, ""))
+
+
+def _from_fields(instance: dict[str, Any], prompt: list[dict[str, Any]] | None, fields: dict[str, Any],
+                 where: str) -> SweInstance:
+    """A ``SweInstance`` of the SWE-bench ``fields`` (the row itself, or a verl row's
+    ``extra_info``, named ``where``) and, for a verl row, its ``prompt``."""
     missing = [key for key in REQUIRED if fields.get(key) is None]
     if missing:
         raise ValueError(f"field '{where}{missing[0]}' is missing; a SWE instance needs "
