@@ -217,20 +217,16 @@ class JobStore:
         value = self.redis.hget(keys.job(job_id), "status")
         return JobStatus(value) if value else None
 
-    def update(self, job_id: str, fields: dict[str, Any], *, status: JobStatus | None = None,
-               attempt: int | None = None) -> bool:
+    def update(self, job_id: str, fields: dict[str, Any], *, attempt: int, status: JobStatus | None = None) -> bool:
         """Set fields on an existing record (a stage's results between transitions).
 
-        Given ``status`` and/or ``attempt``, through the transition script's guard: the fields
-        are written only while the job is in ``status`` and on ``attempt``, so a stage of an
-        attempt that was given up cannot overwrite the retried job's. Returns whether written."""
-        if status is None and attempt is None:
-            self.redis.hset(keys.job(job_id), mapping=dict(zip(*[iter(_encode(fields))] * 2)))
-            return True
+        Through the transition script's guard: the fields are written only while the job is on
+        ``attempt`` (and in ``status``, when given), so a stage of an attempt that was given up
+        cannot overwrite the retried job's. Returns whether they were written."""
         allowed = status.value if status is not None else ",".join(s.value for s in JobStatus)
         reply = self._transition(keys=self._transition_keys(job_id),
-                                 args=[job_id, "", allowed, "none", 0, self.result_ttl_s, 0,
-                                       "" if attempt is None else attempt, "", 0, self._index, *_encode(fields)])
+                                 args=[job_id, "", allowed, "none", 0, self.result_ttl_s, 0, attempt, "", 0,
+                                       self._index, *_encode(fields)])
         return bool(reply[0])
 
     # -- transitions --------------------------------------------------------------------------

@@ -182,6 +182,21 @@ def test_a_given_up_attempt_cannot_move_the_retried_job(store):
     assert store.hand_over("j1", Stage.RUN, attempt=2).ok
 
 
+def test_a_given_up_attempt_cannot_update_the_retried_jobs_fields(store):
+    store.create("j1", {"task": "noop", "instance": {}, "budget_s": 10, "attempt": 1, "max_attempts": 2})
+    store.claim_stage("j1", Stage.INIT)
+    assert store.update("j1", {"sandbox": {"id": "sb-1"}}, status=JobStatus.INIT, attempt=1)
+    assert store.transition("j1", JobStatus.PENDING_INIT, timer="pause", only_from=JobStatus.INIT, attempt=1,
+                            fields={"attempt": 2, "sandbox": None}).ok
+    store.claim_stage("j1", Stage.INIT)
+    # attempt 1's INIT, still running somewhere, starts its sandbox late: it must not land
+    assert not store.update("j1", {"sandbox": {"id": "sb-late"}}, status=JobStatus.INIT, attempt=1)
+    assert store.load("j1").sandbox is None
+    assert store.update("j1", {"sandbox": {"id": "sb-2"}}, status=JobStatus.INIT, attempt=2)
+    assert not store.update("j1", {"backend": "b"}, status=JobStatus.RUN, attempt=2)  # not in RUN
+    assert (store.load("j1").sandbox, store.load("j1").backend) == ({"id": "sb-2"}, None)
+
+
 def test_metrics_kept_when_a_flush_cannot_reach_redis(redis_url):
     from prorl_celery.local import free_port
     from prorl_celery.metrics import MetricsBuffer
