@@ -90,7 +90,8 @@ class SweHandler(AgentHandler):
         handed to ``run_exception`` so EVAL grades what the agent did.
         """
         instance: SweInstance = self.instance_of(job)
-        loop = AgentLoop(tools=[BASH, EDITOR], max_iterations=instance.max_iterations, tool_timeout_s=self.tool_timeout_s)
+        loop = AgentLoop(tools=[BASH, EDITOR], max_iterations=instance.max_iterations,
+                         tool_timeout_s=self.tool_timeout_s)
         try:
             outcome = await loop.run(job, llm, instance.messages())
         except Exception as error:
