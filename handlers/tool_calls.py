@@ -37,7 +37,10 @@ def parse_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
         except json.JSONDecodeError as error:
             calls.append(ToolCallError(f"the tool call is not valid JSON ({error.msg} at {error.pos})"))
             continue
-        name, arguments = (payload.get("name"), payload.get("arguments", {})) if isinstance(payload, dict) else (None, None)
+        if isinstance(payload, dict):
+            name, arguments = payload.get("name"), payload.get("arguments", {})
+        else:
+            name, arguments = None, None
         if isinstance(arguments, str):  # some models send the arguments JSON-encoded
             try:
                 arguments = json.loads(arguments)

@@ -19,12 +19,12 @@ from handlers import AgentHandler, EvalResult, JobContext, UnknownTaskError, get
 from .aio import run_coro, thread_loop
 from .celery_app import enqueue, node_queue
 from .errors import JobCancelled, JobNotFound, StageTimeout
+from .job_sandboxes import tool_client
 from .llm.backends import make_backend
 from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
 from .nodes import has_live_worker
-from .job_sandboxes import tool_client
 from .services import Services, get_services
 from .status import JobStatus, Stage
 from .store import JobRecord, outcome

@@ -12,7 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import redis
@@ -25,8 +25,8 @@ from .waiting import CompletionWaiter
 
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
-    {"instance", "sampling_params", "agent_params", "ignored_params", "init_result", "run_result", "eval", "trajectory", "extra", "error",
-     "sandbox"}
+    {"instance", "sampling_params", "agent_params", "ignored_params", "init_result", "run_result", "eval",
+     "trajectory", "extra", "error", "sandbox"}
 )
 FLOAT_FIELDS = frozenset(
     {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}
@@ -208,7 +208,7 @@ class JobStore:
         return [(bool(created), JobStatus(status)) for created, status in replies]
 
     def load(self, job_id: str) -> JobRecord:
-        raw = self.redis.hgetall(keys.job(job_id))
+        raw = cast(dict[str, str], self.redis.hgetall(keys.job(job_id)))  # decode_responses
         if not raw:
             raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
         return decode_record(raw)
@@ -272,7 +272,7 @@ class JobStore:
     def _landed(self, job_id: str, token: str, with_record: bool) -> Transition | None:
         """The transition whose reply was lost, if it took place (else None: send it again)."""
         try:
-            raw = self.redis.hgetall(keys.job(job_id))
+            raw = cast(dict[str, str], self.redis.hgetall(keys.job(job_id)))
         except (redis.ConnectionError, redis.TimeoutError):
             return None
         if raw.get("transition_id") != token:
@@ -359,12 +359,12 @@ class JobStore:
         self.redis.set(keys.SERVICE_STATE, "started" if started else "stopped")
 
     def active_job_ids(self) -> list[str]:
-        return sorted(self.redis.smembers(keys.ACTIVE_JOBS))
+        return sorted(cast(set[str], self.redis.smembers(keys.ACTIVE_JOBS)))
 
     def status_counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in JobStatus}
-        counts.update({k: int(v) for k, v in self.redis.hgetall(keys.STATUS_COUNTS).items()})
+        counts.update({k: int(v) for k, v in cast(dict[str, str], self.redis.hgetall(keys.STATUS_COUNTS)).items()})
         return counts
 
     def recent_job_ids(self, limit: int = 100) -> list[str]:
-        return self.redis.zrevrange(keys.RECENT_JOBS, 0, limit - 1)
+        return cast(list[str], self.redis.zrevrange(keys.RECENT_JOBS, 0, limit - 1))

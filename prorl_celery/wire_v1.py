@@ -84,7 +84,7 @@ def v1_messages(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _tool_calls(text: str, index: int) -> list[dict[str, Any]]:
-    calls = []
+    calls: list[dict[str, Any]] = []
     for number, call in enumerate(parse_tool_calls(text)):
         if isinstance(call, ToolCall):
             calls.append({"id": f"call_{index}_{number}", "name": call.name,
@@ -99,4 +99,6 @@ def _ended_properly(trajectory: dict[str, Any]) -> bool:
     if not turns or turns[-1].get("finish_reason") != "stop":
         return False
     last = next((m for m in reversed(trajectory.get("messages") or []) if m.get("role") == "assistant"), None)
-    return last is not None and not any(isinstance(c, ToolCallError) for c in parse_tool_calls(last.get("content") or ""))
+    if last is None:
+        return False
+    return not any(isinstance(call, ToolCallError) for call in parse_tool_calls(last.get("content") or ""))

@@ -19,13 +19,13 @@ from typing import Any, ClassVar
 
 from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
-from handlers.sandbox_files import SandboxCommandError, SandboxFileTooLarge, read_bytes, write_text
 from handlers.code.grading import summarize, verdict
 from handlers.code.instances import (
     SOLUTION_FILE,
     CodeInstance,
     normalize_instance,
 )
+from handlers.sandbox_files import SandboxCommandError, SandboxFileTooLarge, read_bytes, write_text
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON
 
 _TOOLS = {"editor": EDITOR, "bash": BASH, "python": PYTHON}
@@ -93,7 +93,8 @@ class CodeHandler(AgentHandler):
                 solution, source = data.decode("utf-8", "replace"), "file"
         if solution is None and outcome.get("answer"):
             # a finish(answer=...) or a reply whose code block ended the run
-            solution = extract_code(outcome["answer"]) or (outcome["answer"] if outcome["finish_reason"] == "answer" else None)
+            finished_in_text = outcome["finish_reason"] == "answer"
+            solution = extract_code(outcome["answer"]) or (outcome["answer"] if finished_in_text else None)
             source = "text" if solution else None
         artifacts = {SOLUTION_FILE: solution} if solution is not None else {}
         result = {**outcome, "solution": solution, "solution_source": source, "artifacts": artifacts}

@@ -16,7 +16,6 @@ import logging
 import re
 from fractions import Fraction
 
-
 logger = logging.getLogger(__name__)
 
 #: Longest answer (or ground truth) given to the symbolic checker; final answers are short.

@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 
 from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
-from handlers.sandbox_tools import PYTHON
 from handlers.math.grading import extract_boxed, is_equivalent
 from handlers.math.instances import MathInstance, normalize_instance
+from handlers.sandbox_tools import PYTHON
 
 FOLLOW_UP = (
     "Your reply does not contain a final answer in the required format. "

@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.stem.grading import ANSWER_TYPES
 from handlers.rows import parse_row, read_max_iterations, verl_row
+from handlers.stem.grading import ANSWER_TYPES
 
 SYSTEM_PROMPT = (
     "You answer science questions with the help of tools. Use `search` to look up facts in the "

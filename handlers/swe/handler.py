@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 
 from handlers.agent import AgentLoop
 from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
-from handlers.sandbox_tools import BASH, EDITOR
-from handlers.swe.evaluation import grade, parse_junit, patch_paths, pytest_command, statuses_of, files_of_tests
-from handlers.swe.instances import SweInstance, normalize_instance
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_bytes
+from handlers.sandbox_tools import BASH, EDITOR
+from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths, pytest_command, statuses_of
+from handlers.swe.instances import SweInstance, normalize_instance
 
 #: where the directory holding the instance's bundle appears inside the sandbox (read-only)
 BUNDLE_MOUNT = "/data/swe/repos"
