@@ -3,6 +3,7 @@ against the real service (gateway, workers, Redis) and a scripted LLM server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import itertools
 import threading
@@ -44,8 +45,8 @@ def prompt(kind: str, **fields) -> dict[str, Any]:
     return {"data_source": "fake", "kind": kind, **fields}
 
 
-def collector(fake: FakeGateway, prompts, **options) -> AsyncDAPOCollector:
-    client = AsyncRolloutClient("http://gw", retry=FAST, poll_s=0.5, transport=fake.transport)
+def collector(fake: FakeGateway, prompts, retry: RetryPolicy = FAST, **options) -> AsyncDAPOCollector:
+    client = AsyncRolloutClient("http://gw", retry=retry, poll_s=0.5, transport=fake.transport)
     return AsyncDAPOCollector(client, prompts, **options)
 
 
@@ -146,10 +147,13 @@ async def test_timeouts_count_as_wrong_by_default():
 async def test_lost_replies_and_outages_resume_by_job_id():
     fake = FakeGateway(scripted)
     kinds = itertools.cycle(["mixed", "hard"])
-    dapo = collector(fake, (prompt(k, delay=0.05) for k in kinds), group_size=2, batch_groups=4, max_in_flight=4)
-    # submissions go in batches (one request for several rollouts), so a request's own retries
-    # meet these faults in a row: a success now and then keeps them within the retry budget
-    fake.faults = [LOSE_REPLY, httpx.ConnectError, 503, None, LOSE_REPLY, httpx.ReadError, LOSE_REPLY, None] * 3
+    faults = [LOSE_REPLY, httpx.ConnectError, 503, None, LOSE_REPLY, httpx.ReadError, LOSE_REPLY, None] * 3
+    # concurrent requests draw from one fault list, so one request may meet every fault in a row
+    # while the others take the successes: a budget above the number of faults can never run out
+    budget = dataclasses.replace(FAST, attempts=sum(fault is not None for fault in faults) + 1)
+    dapo = collector(fake, (prompt(k, delay=0.05) for k in kinds), retry=budget, group_size=2, batch_groups=4,
+                     max_in_flight=4)
+    fake.faults = faults
     batch = await dapo.next_batch()
     assert len(batch.groups) == 4 and not fake.faults
     await dapo.aclose()
