@@ -11,22 +11,30 @@ if TYPE_CHECKING:  # importing the service here would load it into gunicorn's ma
 
 
 def create_app(settings: "Settings | None" = None) -> "Flask":
-    """Build the Flask app; configuration comes from ``PRORL_*`` environment variables."""
+    """Build the Flask app from ``settings``; without them, from the ``PRORL_*`` environment
+    variables, read once here.
+
+    Everything the views use comes from these settings: auth, body limit, and the app's
+    ``Services`` (Redis, job store, backend pool, broker), kept in ``app.extensions``. The
+    handler registry is process-wide: ``settings.handlers`` is applied to it here.
+    """
     from flask import Flask
 
+    from handlers import load_handlers, registry
+    from prorl_celery.services import Services
     from prorl_celery.settings import get_settings
 
-    from . import auth, dashboard, errors, routes, status_views
-
-    from handlers import load_handlers
-    from prorl_celery.services import get_services
+    from . import auth, dashboard, errors, extension, routes, status_views
 
     settings = settings or get_settings()
-    get_services()  # applies PRORL_HANDLERS to the registry
+    registry.configure(settings.handlers)
     load_handlers()  # import every task family at start-up, not in the first request
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json.sort_keys = False
+    services = Services(settings)
+    services.celery  # noqa: B018 - built at start-up, not in the first submit
+    extension.init_app(app, services)
     app.register_blueprint(routes.bp)
     app.register_blueprint(status_views.bp)
     app.register_blueprint(dashboard.bp)

@@ -15,11 +15,11 @@ from flask import Blueprint, jsonify, make_response, redirect, render_template, 
 from handlers import registered_tasks
 from prorl_celery.errors import BadRequest, JobNotFound
 from prorl_celery.results import build_result
-from prorl_celery.services import get_services
 from prorl_celery.status import JobStatus
 
 from . import dashboard_data, trajectory_view
 from .auth import DASHBOARD_COOKIE, DASHBOARD_PREFIX
+from .extension import app_services
 
 #: seconds between two refreshes of the dashboard page
 REFRESH_S = 3
@@ -65,14 +65,14 @@ def _seconds(value: float | None) -> str:
 @bp.get("")
 @bp.get("/")
 def dashboard():
-    services = get_services()
+    services = app_services()
     return render_template("dashboard/dashboard.html", data=dashboard_data.overview(services),
                            refresh_s=REFRESH_S, auth_on=_auth_on())
 
 
 @bp.get("/api/overview")
 def overview_json():
-    return jsonify(dashboard_data.overview(get_services()))
+    return jsonify(dashboard_data.overview(app_services()))
 
 
 def _page_args() -> dict:
@@ -86,7 +86,7 @@ def _page_args() -> dict:
 
 def _job_page(args: dict) -> dict:
     try:
-        return dashboard_data.job_page(get_services(), **args)
+        return dashboard_data.job_page(app_services(), **args)
     except ValueError as error:
         raise BadRequest(str(error)) from None
 
@@ -100,7 +100,7 @@ def jobs_json():
 def jobs():
     args = _page_args()
     try:
-        page, error, code = dashboard_data.job_page(get_services(), **args), None, 200
+        page, error, code = dashboard_data.job_page(app_services(), **args), None, 200
     except ValueError as problem:
         page, error, code = {"jobs": [], "next": None, "scanned": 0, "limit": args["limit"]}, str(problem), 400
     return render_template("dashboard/jobs.html", page=page, args=args, error=error,
@@ -110,7 +110,7 @@ def jobs():
 
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
-    services = get_services()
+    services = app_services()
     try:
         record = services.store.load(job_id)
     except JobNotFound as error:
@@ -131,7 +131,7 @@ def job(job_id: str):
 # -- browser sign-in -------------------------------------------------------------------------------
 
 def _auth_on() -> bool:
-    settings = get_services().settings
+    settings = app_services().settings
     return bool(settings.api_token or settings.admin_token)
 
 
@@ -145,7 +145,7 @@ def login_form():
 def login():
     """Check the token once and keep it in an HttpOnly cookie that only ``/dashboard`` pages
     accept (the job and admin endpoints still need the Authorization header)."""
-    settings = get_services().settings
+    settings = app_services().settings
     token = (request.form.get("token") or "").strip()
     next_url = _safe_next(request.form.get("next"))
     valid = [t for t in (settings.api_token, settings.admin_token) if t]

@@ -1,13 +1,27 @@
-"""One place that turns every error into ``{"code", "message"}`` with the right status."""
+"""The one boundary between errors and HTTP answers: every failure is ``{"code", "message"}``.
+
+Like httpx's ``map_exceptions``, the mapping is one table read in one place (``answer``):
+
+- an ``HTTPError`` (``prorl_celery.errors``) is answered with its own code and status;
+- an error of a library the views use that means "the request is wrong" is first turned into
+  the ``HTTPError`` it stands for (``MAPPED``: pydantic's validation errors, werkzeug's body
+  limit);
+- werkzeug's other HTTP exceptions (unknown route, wrong method) keep their status, with their
+  name as the code;
+- anything else is a bug in the gateway (the internal trees, ``StageInterrupted`` and
+  ``BackendError``, included: no view raises them): logged, answered ``500 internal_error``.
+"""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, Response, jsonify
 from pydantic import ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from prorl_celery.errors import ProrlError
+from prorl_celery.errors import BadRequest, HTTPError, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -21,23 +35,35 @@ def validation_message(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def register(app: Flask) -> None:
-    @app.errorhandler(ProrlError)
-    def _prorl(error: ProrlError):
-        return jsonify(error.to_dict()), error.http_status
+#: library errors that are the client's fault, and the HTTPError each is answered as
+MAPPED: dict[type[Exception], Callable[[Any], HTTPError]] = {
+    ValidationError: lambda error: BadRequest(validation_message(error)),
+    RequestEntityTooLarge: lambda error: PayloadTooLarge(error.description),
+}
 
-    @app.errorhandler(ValidationError)
-    def _validation(error: ValidationError):
-        return jsonify({"code": "bad_request", "message": validation_message(error)}), 400
 
-    @app.errorhandler(HTTPException)
-    def _http(error: HTTPException):
+def to_http_error(error: Exception) -> HTTPError | None:
+    """The HTTPError ``error`` is answered as; None when it is not the client's fault."""
+    if isinstance(error, HTTPError):
+        return error
+    for kind, convert in MAPPED.items():
+        if isinstance(error, kind):
+            return convert(error)
+    return None
+
+
+def answer(error: Exception) -> tuple[Response, int]:
+    http_error = to_http_error(error)
+    if http_error is not None:
+        return jsonify(http_error.to_dict()), http_error.http_status
+    if isinstance(error, HTTPException) and error.code is not None:
         code = (error.name or "error").lower().replace(" ", "_")
-        if error.code == 413:
-            code = "payload_too_large"
         return jsonify({"code": code, "message": error.description}), error.code
+    log.exception("unhandled error", exc_info=error)
+    return jsonify({"code": "internal_error", "message": f"{type(error).__name__}: {error}"}), 500
 
-    @app.errorhandler(Exception)
-    def _unexpected(error: Exception):
-        log.exception("unhandled error")
-        return jsonify({"code": "internal_error", "message": f"{type(error).__name__}: {error}"}), 500
+
+def register(app: Flask) -> None:
+    # Flask picks an error handler by the exception's class hierarchy, so this one sees every
+    # error a view or a before_request hook raises, werkzeug's HTTP exceptions included
+    app.register_error_handler(Exception, answer)

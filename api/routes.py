@@ -11,8 +11,8 @@ from prorl_celery import job_intake
 from prorl_celery.errors import BadRequest, Forbidden
 from prorl_celery.job_intake import JobSpec
 from prorl_celery.results import build_result, pending_result
-from prorl_celery.services import get_services
 
+from .extension import app_services
 from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
 
 bp = Blueprint("jobs", __name__)
@@ -41,9 +41,14 @@ def refuse_truncated_stream() -> None:
 
 
 def prepare(body: ProcessRequest) -> JobSpec:
-    return job_intake.prepare(get_services().settings, body.instance, body.sampling_params.to_job(),
+    return job_intake.prepare(app_services().settings, body.instance, body.sampling_params.to_job(),
                               task=body.task_name, job_id=body.job_id, timeout_s=body.timeout_s,
                               max_attempts=body.max_attempts)
+
+
+def submit(specs: list[JobSpec]) -> list[job_intake.Submitted]:
+    services = app_services()
+    return job_intake.submit(services.store, specs, celery=services.celery)
 
 
 def expand(spec: JobSpec, num_samples: int | None) -> list[JobSpec]:
@@ -56,7 +61,7 @@ def accepted(submitted: job_intake.Submitted) -> dict[str, Any]:
 
 
 def job_response(job_id: str, wait_s: float, *, exists: bool = False):
-    store = get_services().store
+    store = app_services().store
     store.wait(job_id, wait_s, exists=exists)
     record = store.load(job_id)
     if record.status.terminal:
@@ -69,8 +74,8 @@ def process():
     body = parse(ProcessRequest)
     if body.num_samples:
         raise BadRequest("num_samples: /process waits for one job; submit a group with POST /jobs")
-    (submitted,) = job_intake.submit(get_services().store, [prepare(body)])
-    settings = get_services().settings
+    (submitted,) = submit([prepare(body)])
+    settings = app_services().settings
     wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
     return job_response(submitted.job_id, wait_s, exists=True)
 
@@ -89,11 +94,11 @@ def create_jobs():
                 specs += expand(prepare(item), item.num_samples)
             except BadRequest as error:  # say which request of the batch is wrong
                 raise type(error)(f"[{index}] {error.message}") from None
-        submitted = job_intake.submit(get_services().store, specs)
+        submitted = submit(specs)
         return jsonify({"jobs": [accepted(s) for s in submitted]}), 202
     single = parse(ProcessRequest)
     spec = prepare(single)
-    submitted = job_intake.submit(get_services().store, expand(spec, single.num_samples))
+    submitted = submit(expand(spec, single.num_samples))
     if single.num_samples:
         return jsonify({"group_id": spec.job_id, "jobs": [accepted(s) for s in submitted]}), 202
     return jsonify(accepted(submitted[0])), 202
@@ -112,7 +117,7 @@ def get_job(job_id: str):
 
 @bp.post("/cancel")
 def cancel():
-    store = get_services().store
+    store = app_services().store
     cancelled, not_cancelled = [], {}
     for job_id in parse(CancelRequest).ids:
         outcome = store.cancel(job_id)
@@ -126,10 +131,10 @@ def cancel():
 @bp.post("/add_llm_server")
 def add_llm_server():
     body = parse(AddServerRequest)
-    check_allowed_backend(body.address.host or "", get_services().settings.backend_allowlist)
-    added, generation = get_services().pool.add(body.normalized_address, body.type, body.version)
+    check_allowed_backend(body.address.host or "", app_services().settings.backend_allowlist)
+    added, generation = app_services().pool.add(body.normalized_address, body.type, body.version)
     return jsonify({"address": body.normalized_address, "type": body.type, "added": added,
-                    "generation": generation, "version": get_services().pool.version(body.normalized_address)})
+                    "generation": generation, "version": app_services().pool.version(body.normalized_address)})
 
 
 @bp.post("/llm_servers/version")
@@ -137,7 +142,7 @@ def set_llm_server_version():
     """Jobs in flight keep their backend; their next turns record the new version."""
     body = parse(SetVersionRequest)
     try:
-        versions = get_services().pool.set_version(body.version, body.normalized_address)
+        versions = app_services().pool.set_version(body.version, body.normalized_address)
     except KeyError:
         raise BadRequest(f"address: {body.normalized_address!r} is not a registered LLM server") from None
     return jsonify({"versions": versions})
@@ -163,25 +168,25 @@ def check_allowed_backend(host: str, allowlist: str) -> None:
 
 @bp.post("/clear_llm_server")
 def clear_llm_server():
-    return jsonify({"generation": get_services().pool.clear()})
+    return jsonify({"generation": app_services().pool.clear()})
 
 
 @bp.get("/llm_servers")
 def llm_servers():
-    pool = get_services().pool
+    pool = app_services().pool
     return jsonify({"generation": pool.generation(), "servers": [b.__dict__ for b in pool.list()]})
 
 
 @bp.post("/start")
 def start():
-    get_services().store.set_service_state(True)
+    app_services().store.set_service_state(True)
     return jsonify({"state": "started"})
 
 
 @bp.post("/stop")
 def stop():
     """Stop accepting jobs cluster wide and cancel every job in flight."""
-    store = get_services().store
+    store = app_services().store
     store.set_service_state(False)
     cancelled = [j for j in store.active_job_ids() if store.cancel(j, "service stopped").ok]
     return jsonify({"state": "stopped", "cancelled": len(cancelled)})

@@ -17,9 +17,10 @@ from prorl_celery import keys
 from prorl_celery.connection import get_redis
 from prorl_celery.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
 from prorl_celery.nodes import live_workers
-from prorl_celery.services import Services, get_services
+from prorl_celery.services import Services
 from prorl_celery.status import Stage
 
+from .extension import app_services
 from .openapi import openapi_document
 
 bp = Blueprint("status", __name__)
@@ -46,12 +47,12 @@ def service_status(services: Services) -> dict[str, Any]:
 
 @bp.get("/status")
 def status():
-    return jsonify(service_status(get_services()))
+    return jsonify(service_status(app_services()))
 
 
 @bp.get("/healthz")
 def healthz():
-    get_services().redis.ping()
+    app_services().redis.ping()
     return jsonify({"ok": True})
 
 
@@ -59,7 +60,7 @@ class RedisStateCollector:
     """Reads the shared state on each scrape, so every gateway process reports the same."""
 
     def collect(self):
-        state = service_status(get_services())
+        state = service_status(app_services())
         queued = GaugeMetricFamily("prorl_stage_queued", "jobs waiting for a stage", labels=["stage"])
         active = GaugeMetricFamily("prorl_stage_active", "jobs executing a stage", labels=["stage"])
         for stage, numbers in state["stages"].items():
@@ -77,7 +78,7 @@ class RedisStateCollector:
         workers = GaugeMetricFamily("prorl_workers", "workers seen in the last 30 s")
         workers.add_metric([], len(state["workers"]))
         yield from (queued, active, jobs, assigned, inflight, workers)
-        yield from cluster_metrics(get_services())
+        yield from cluster_metrics(app_services())
 
 
 def cluster_metrics(services: Services):

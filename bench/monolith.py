@@ -40,11 +40,12 @@ def job(job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> dict
 
 
 async def _job(job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
-    from handlers import JobContext, get_handler
+    from handlers import JobContext, get_handler, registry
     from prorl_celery.pipeline import open_session
     from prorl_celery.services import get_services
 
-    services = get_services()  # applies PRORL_HANDLERS
+    services = get_services()
+    registry.configure(services.settings.handlers)  # PRORL_HANDLERS names the scalebench handler
     handler = get_handler("scalebench")
     context = JobContext(job_id=job_id, task="scalebench", instance=instance, sampling_params=sampling)
     started = time.time()

@@ -8,7 +8,7 @@ from kombu import Queue
 from kombu.transport import redis as kombu_redis
 
 from .connection import broker_ssl_options
-from .settings import get_settings
+from .settings import Settings, get_settings
 from .status import Stage
 
 STAGE_QUEUES = tuple(stage.value for stage in Stage)
@@ -47,12 +47,13 @@ def _transport_for(url: str) -> type | None:
     return RedisTransport if urlsplit(url).scheme in ("redis", "rediss") else None
 
 
-def create_celery() -> Celery:
-    settings = get_settings()
+def create_celery(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
+    """The stage queues' Celery app on ``settings``' broker (default: the environment's)."""
+    settings = settings or get_settings()
     # workers import the signal handlers (prorl_celery.workers) with the tasks, before the
     # start-up signals fire; nothing else that imports the app loads them
     app = Celery("prorl_celery", broker=settings.effective_broker_url,
-                 include=["prorl_celery.tasks", "prorl_celery.workers"])
+                 include=["prorl_celery.tasks", "prorl_celery.workers"], set_as_current=set_as_current)
     transport = {
         # stages are acked when they start, so only fetched-but-not-started messages are unacked:
         # a killed worker's prefetched stages come back after this, and a copy still waiting in
@@ -106,17 +107,17 @@ app = create_celery()
 PUBLISH_RETRY = {"max_retries": 60, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
 
 
-def enqueue(stage: Stage, job_id: str, *, queue: str | None = None) -> None:
+def enqueue(stage: Stage, job_id: str, *, queue: str | None = None, celery: Celery | None = None) -> None:
     """Hand a job to ``stage``'s queue (or a node's own queue of that stage).
 
     The job has already been handed over in the store: a message lost here would strand it
     in ``pending_<stage>`` for good, so publishing outlasts a Redis restart (Celery's default
-    gives up after 0.6 s)."""
-    app.send_task(f"prorl.{stage.value}", args=[job_id], queue=queue or stage.value,
+    gives up after 0.6 s). ``celery``: publish through that app instead of this module's."""
+    (celery or app).send_task(f"prorl.{stage.value}", args=[job_id], queue=queue or stage.value,
                   retry=True, retry_policy=PUBLISH_RETRY)
 
 
-def enqueue_many(stage: Stage, job_ids: list[str]) -> None:
+def enqueue_many(stage: Stage, job_ids: list[str], *, celery: Celery | None = None) -> None:
     """``enqueue`` for many jobs over one producer, their LPUSHes sent in one pipeline
     (kombu's ``Producer.batch``): half the CPU per job of publishing them one by one.
 
@@ -124,14 +125,15 @@ def enqueue_many(stage: Stage, job_ids: list[str]) -> None:
     through twice is harmless, the stage claim turns the copy into a no-op."""
     if len(job_ids) <= 1:
         for job_id in job_ids:
-            enqueue(stage, job_id)
+            enqueue(stage, job_id, celery=celery)
         return
     name = f"prorl.{stage.value}"
+    sender = celery or app
     try:
-        with app.producer_or_acquire() as producer, producer.batch():
+        with sender.producer_or_acquire() as producer, producer.batch():
             for job_id in job_ids:
-                app.send_task(name, args=[job_id], queue=stage.value, producer=producer)
+                sender.send_task(name, args=[job_id], queue=stage.value, producer=producer)
     except Exception:  # noqa: BLE001 - the broker blinked: fall back to retried publishes
         for job_id in job_ids:
-            enqueue(stage, job_id)
+            enqueue(stage, job_id, celery=celery)
 

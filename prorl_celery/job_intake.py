@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from handlers import UnknownTaskError, get_handler
+from handlers import get_handler
 
 from .celery_app import enqueue_many
-from .errors import BadRequest, ServiceStopped, UnknownTask
+from .errors import BadRequest, ServiceStopped
 from .sampling import UnresolvedTokenizer, resolve_tokenizer, split
 from .settings import Settings
 from .status import JobStatus, Stage
 from .store import JobStore
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,7 @@ def prepare(settings: Settings, instance: dict[str, Any], sampling_params: dict[
             task: str, job_id: str | None = None, timeout_s: float | None = None,
             max_attempts: int | None = None) -> JobSpec:
     """Check one request; BadRequest (or UnknownTask) says what is wrong."""
-    try:
-        handler = get_handler(task)
-    except UnknownTaskError as error:
-        raise UnknownTask(str(error.args[0])) from None
+    handler = get_handler(task)  # UnknownTask is a BadRequest: the gateway answers it as is
     params = split(sampling_params)
     if "max_iterations" in params.agent and "max_iterations" not in instance:
         instance = {**instance, "max_iterations": params.agent["max_iterations"]}  # the instance's wins
@@ -92,14 +92,15 @@ def samples(spec: JobSpec, count: int) -> list[JobSpec]:
             for i in range(count)]
 
 
-def submit(store: JobStore, specs: list[JobSpec]) -> list[Submitted]:
-    """Create every job (one round trip) and enqueue INIT for the new ones. A broker that
-    cannot be reached fails those jobs at once (never pending forever) and raises ServiceStopped."""
+def submit(store: JobStore, specs: list[JobSpec], *, celery: "Celery | None" = None) -> list[Submitted]:
+    """Create every job (one round trip) and enqueue INIT for the new ones (through ``celery``,
+    default the environment's app). A broker that cannot be reached fails those jobs at once
+    (never pending forever) and raises ServiceStopped."""
     outcomes = store.create_many([(spec.job_id, spec.record()) for spec in specs])
     submitted = [Submitted(spec.job_id, created, status) for spec, (created, status) in zip(specs, outcomes)]
     new = [s.job_id for s in submitted if s.created]
     try:
-        enqueue_many(Stage.INIT, new)  # one producer and one pipelined round trip for them all
+        enqueue_many(Stage.INIT, new, celery=celery)  # one producer and one pipelined round trip for them all
     except Exception as error:  # broker down: do not leave these jobs pending forever
         for stranded in new:  # any already published fails too: its INIT is then a no-op
             store.finish(stranded, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})

@@ -1,4 +1,11 @@
-"""The per-process objects every stage and view shares, built once from the settings."""
+"""The objects every stage and view shares, built once from one ``Settings``.
+
+The gateway's app factory makes its own ``Services(settings)`` and keeps it in
+``app.extensions`` (``api.extension``); workers use this process's ``get_services()``, built
+from the environment. Neither touches the handler registry: whoever starts a process configures
+it (``handlers.registry.configure(settings.handlers)``) explicitly, in ``api.create_app`` and at
+worker start-up (``prorl_celery.workers``).
+"""
 from __future__ import annotations
 
 import os
@@ -9,8 +16,6 @@ from functools import cached_property
 
 import redis
 
-from handlers import registry
-
 from .cancellation import CancelWatcher
 from .connection import get_redis, reset_clients
 from .leases import LeaseKeeper
@@ -20,6 +25,8 @@ from .settings import Settings, get_settings
 from .store import JobStore
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from .job_sandboxes import JobSandboxes
 
 
@@ -30,6 +37,15 @@ class Services:
     @cached_property
     def redis(self) -> redis.Redis:
         return get_redis(self.settings.redis_url)
+
+    @cached_property
+    def celery(self) -> "Celery":
+        """A Celery app on ``settings``' broker, for publishing stages (the gateway's INIT).
+
+        Workers publish through the app they run (``prorl_celery.celery_app.app``); this one
+        lets an app factory given explicit settings enqueue where those settings say."""
+        from .celery_app import create_celery  # Celery is loaded only where jobs are submitted
+        return create_celery(self.settings, set_as_current=False)
 
     @cached_property
     def store(self) -> JobStore:
@@ -57,7 +73,6 @@ class Services:
     def leases(self) -> LeaseKeeper:
         return LeaseKeeper(self.redis, self.settings.lease_s)
 
-
     def close(self) -> None:
         """Stop the background threads this object started (tests, embedding)."""
         for name in ("cancel_watcher", "metrics", "leases"):
@@ -65,6 +80,8 @@ class Services:
                 getattr(self, name).close()
         if "metrics" in self.__dict__:
             self.metrics.flush()
+        if "celery" in self.__dict__:
+            self.celery.close()  # its broker connections and producer pool
 
 
 _services: Services | None = None
@@ -73,12 +90,12 @@ _lock = threading.Lock()
 
 
 def get_services() -> Services:
-    """This process's services; rebuilt after a fork so no socket or thread is shared."""
+    """This process's services, from the environment's settings (workers, the CLI); rebuilt
+    after a fork so no socket or thread is shared."""
     global _services, _pid
     with _lock:
         if _services is None or _pid != os.getpid():
             if _pid and _pid != os.getpid():
                 reset_clients()
             _services, _pid = Services(get_settings()), os.getpid()
-            registry.configure(_services.settings.handlers)
         return _services

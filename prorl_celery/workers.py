@@ -1,6 +1,6 @@
 """Worker life-cycle hooks.
 
-Start-up: import the handlers, reap the node's sandboxes of dead owners, add ``run.<node>`` to a
+Start-up: configure and import the handlers, reap the node's sandboxes of dead owners, add ``run.<node>`` to a
 RUN worker's queues; when ready: the heartbeat ``/status`` reports and the lease reaper. SIGTERM:
 hand back stages that outlive the grace period. Shutdown: leave the worker list.
 """
@@ -14,7 +14,7 @@ import time
 
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
-from handlers import load_handlers
+from handlers import load_handlers, registry
 
 from . import keys
 from .celery_app import enqueue, node_queue
@@ -35,6 +35,7 @@ def _retry_from_init(job_id: str) -> None:
 @celeryd_after_setup.connect
 def add_node_queue(sender: str, instance, **_: object) -> None:
     """A RUN worker also consumes ``run.<node>``, so plain ``-Q run`` serves node-local jobs."""
+    registry.configure(get_services().settings.handlers)  # PRORL_HANDLERS, before any lookup
     load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
     _reap_sandboxes()
     queues = instance.app.amqp.queues
