@@ -5,7 +5,7 @@ demand by the registry, so importing this package stays cheap.
 """
 from handlers.base import AgentHandler, ChatLLM, EvalResult, Generation, JobContext, SandboxRequest
 from handlers.registry import (
-    UnknownTaskError,
+    UnknownTask,
     clear_cache,
     get_handler,
     load_handlers,
@@ -19,7 +19,7 @@ __all__ = [
     "Generation",
     "JobContext",
     "SandboxRequest",
-    "UnknownTaskError",
+    "UnknownTask",
     "clear_cache",
     "get_handler",
     "load_handlers",

@@ -19,6 +19,7 @@ import threading
 from importlib.metadata import entry_points
 
 from handlers.base import AgentHandler
+from prorl_celery.errors import UnknownTask
 
 logger = logging.getLogger(__name__)
 
@@ -33,23 +34,6 @@ BUILTIN_HANDLERS: dict[str, str] = {
     "stem": "handlers.stem:StemHandler",
     "swe": "handlers.swe:SweHandler",
 }
-
-
-class UnknownTaskError(KeyError):
-    """No handler is registered under the task name; the message lists those that are."""
-
-    def __init__(self, task: str, registered: list[str], broken: dict[str, str] | None = None):
-        self.task = task
-        self.registered = registered
-        self.broken = broken or {}
-        message = f"unknown task {task!r}; registered tasks: {', '.join(registered) or '(none)'}"
-        if task in self.broken:
-            message += f"; the handler registered as {task!r} failed to load: {self.broken[task]}"
-        super().__init__(message)
-
-    def __str__(self) -> str:
-        # KeyError.__str__ would print the message quoted, like a key
-        return str(self.args[0])
 
 
 _instances: dict[str, AgentHandler] = {}
@@ -87,13 +71,13 @@ def registered_tasks() -> list[str]:
 
 
 def get_handler(task: str) -> AgentHandler:
-    """The process-wide handler instance for ``task``; raises UnknownTaskError."""
+    """The process-wide handler instance for ``task``; raises UnknownTask (a KeyError)."""
     with _instances_lock:
         if task not in _instances:
             handlers, broken = _load()
             handler = handlers.get(task) or _by_alias(handlers, task)
             if handler is None:
-                raise UnknownTaskError(task, sorted(handlers), broken)
+                raise UnknownTask.naming(task, sorted(handlers), broken)
             _instances[task] = handler()
         return _instances[task]
 
@@ -120,7 +104,7 @@ def _load() -> tuple[dict[str, type[AgentHandler]], dict[str, str]]:
     for name, target, origin in sources:
         try:
             handler = _import_handler(target)
-        except Exception as error:  # noqa: BLE001 - reported through UnknownTaskError and the log
+        except Exception as error:  # noqa: BLE001 - reported through UnknownTask and the log
             broken[name] = f"{target}: {type(error).__name__}: {error}"
             logger.error("cannot load %s handler %r (%s): %s", origin, name, target, error)
             continue

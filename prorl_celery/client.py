@@ -10,9 +10,9 @@ URLs of one deployment serve every job alike, since all state is in Redis.
 Errors::
 
     ProrlError                                    (prorl_celery.errors; .code, .message)
-    ├── raised as the class the gateway's "code" names, with .status_code set:
+    ├── HTTPError: raised as the class the gateway's "code" names, with .status_code set:
     │   BadRequest 400, UnknownTask 400, JobNotFound(KeyError) 404, PayloadTooLarge 413,
-    │   ServiceStopped 503 and NoBackend 503 (once the retries are spent)
+    │   ServiceStopped 503 (once the retries are spent)
     └── ClientError                               raised by this module only
         ├── RequestRejected                       any other 4xx
         ├── GatewayError                          any other 5xx, or a reply that is not JSON
@@ -36,15 +36,15 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import BadRequest, JobNotFound, NoBackend, PayloadTooLarge, ProrlError, ServiceStopped, UnknownTask
+from .errors import BadRequest, HTTPError, JobNotFound, PayloadTooLarge, ProrlError, ServiceStopped, UnknownTask
 from .status import TERMINAL
 
 T = TypeVar("T")
 TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL)
 RETRY_STATUSES = frozenset({502, 503, 504})
 #: gateway error codes raised as the project's own classes
-SERVER_ERRORS: dict[str, type[ProrlError]] = {
-    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, PayloadTooLarge, ServiceStopped, NoBackend)}
+SERVER_ERRORS: dict[str, type[HTTPError]] = {
+    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, PayloadTooLarge, ServiceStopped)}
 
 
 class ClientError(ProrlError):

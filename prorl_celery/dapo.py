@@ -51,13 +51,12 @@ from .dapo_types import (
     BusyProbe,
     CollectorConfig,
     Group,
-    PromptsExhausted,
     Rollout,
     RolloutsFailing,
     StepStats,
     not_all_equal,
 )
-from .errors import BadRequest, JobNotFound
+from .errors import BadRequest, JobNotFound, PromptsExhausted
 
 __all__ = ["AsyncDAPOCollector", "Batch", "CollectorConfig", "DAPOCollector", "Group", "PromptsExhausted",
            "Rollout", "RolloutsFailing", "StepStats", "not_all_equal"]

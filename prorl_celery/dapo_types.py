@@ -20,10 +20,6 @@ def not_all_equal(rewards: Sequence[float]) -> bool:
     return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
 
 
-class PromptsExhausted(Exception):
-    """The prompt stream ended and nothing is left in flight."""
-
-
 class RolloutsFailing(ProrlError):
     """Too many rollouts in a row ended without completing: the service or a backend is broken."""
 

@@ -1,27 +1,48 @@
-"""The project's one error tree; each error has a stable ``code`` and an HTTP status.
+"""The project's errors: every class has a stable ``code``; only the HTTP tree has a status.
 
-    ProrlError
-    ├── BadRequest                      400 bad_request      (request fails validation)
-    │   └── UnknownTask                 400 unknown_task     (names the registered tasks)
-    ├── Unauthorized                    401 unauthorized     (no or a wrong bearer token)
-    ├── Forbidden                       403 forbidden        (an admin endpoint, or a backend
-    │                                                          address outside the allow-list)
-    ├── JobNotFound(KeyError)           404 job_not_found
-    ├── PayloadTooLarge                 413 payload_too_large
-    ├── ServiceStopped                  503 service_stopped  (after /stop, until /start)
-    ├── NoBackend                       503 no_backend       (no LLM server registered)
-    ├── BackendError                    502 backend_error    (an LLM server answered badly)
-    ├── StageTimeout(TimeoutError)      504 timeout          (a job's budget ran out)
-    └── JobCancelled                    409 cancelled
+    ProrlError                          .code, .message
+    ├── HTTPError                       .http_status; the gateway answers {"code", "message"}
+    │   │                                 with it, and the trainer client raises the class again
+    │   │                                 from the answer's code
+    │   ├── BadRequest                  400 bad_request      (request fails validation)
+    │   │   └── UnknownTask(KeyError)   400 unknown_task     (no handler has that task name; raised
+    │   │                                                      by the handler registry, lists those
+    │   │                                                      registered and any that failed to load)
+    │   ├── Unauthorized                401 unauthorized     (no or a wrong bearer token)
+    │   ├── Forbidden                   403 forbidden        (an admin endpoint, or a backend
+    │   │                                                      address outside the allow-list)
+    │   ├── JobNotFound(KeyError)       404 job_not_found
+    │   ├── PayloadTooLarge             413 payload_too_large
+    │   └── ServiceStopped              503 service_stopped  (after /stop, until /start, or the
+    │                                                          broker is unreachable)
+    ├── StageInterrupted                a stage stops early; never answered over HTTP: the stage
+    │   │                                 ends the job, whose status tells the client
+    │   ├── JobCancelled                the job was cancelled (status cancelled)
+    │   └── StageTimeout(TimeoutError)  the job's time budget ran out (status timeout)
+    ├── BackendError                    an LLM server failed or answered badly (.status_code: its
+    │   │                                 HTTP status); a RUN failure, never a gateway answer
+    │   └── ContextExhausted            the conversation fills the model's context
+    └── trainer side (the client and the DAPO collector raise these in the trainer's process)
+        ├── PromptsExhausted            the prompt stream ended and nothing is left in flight
+        ├── RolloutsFailing             too many rollouts in a row did not complete
+        │                                 (prorl_celery.dapo_types)
+        └── ClientError                 what the gateway's tree does not name (prorl_celery.client:
+                                          RequestRejected, GatewayError, GatewayUnavailable,
+                                          WaitTimeout)
 
-The gateway maps any ProrlError to ``{"code", "message"}`` with its status.
+One boundary turns errors into HTTP answers, ``api.errors.answer`` (as httpx's
+``map_exceptions`` is its one place for transport errors): an ``HTTPError`` is answered as
+itself, a library's error that means the request is wrong is mapped to the ``HTTPError`` it
+stands for, and anything else (this module's internal trees included) reaching a view is a bug,
+answered ``500 internal_error``.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 
 class ProrlError(Exception):
     code = "error"
-    http_status = 500
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -31,26 +52,59 @@ class ProrlError(Exception):
         return {"code": self.code, "message": self.message}
 
 
-class BadRequest(ProrlError):
+# -- answered over HTTP ----------------------------------------------------------------------
+
+class HTTPError(ProrlError):
+    """An error the gateway answers: ``to_dict()`` is the body, ``http_status`` the status."""
+
+    http_status = 500
+
+
+class BadRequest(HTTPError):
     code = "bad_request"
     http_status = 400
 
 
-class UnknownTask(BadRequest):
+class UnknownTask(BadRequest, KeyError):
+    """No handler is registered under the task name; the message lists those that are.
+
+    ``task``, ``registered`` and ``broken`` (task -> why its handler failed to load) are set
+    where the registry raises it; a client re-raising it from an answer has the message only.
+    """
+
     code = "unknown_task"
 
+    def __init__(self, message: str, *, task: str | None = None, registered: Iterable[str] = (),
+                 broken: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.task = task
+        self.registered = list(registered)
+        self.broken = dict(broken or {})
 
-class Unauthorized(ProrlError):
+    @classmethod
+    def naming(cls, task: str, registered: Iterable[str],
+               broken: Mapping[str, str] | None = None) -> UnknownTask:
+        registered = list(registered)
+        message = f"unknown task {task!r}; registered tasks: {', '.join(registered) or '(none)'}"
+        if broken and task in broken:
+            message += f"; the handler registered as {task!r} failed to load: {broken[task]}"
+        return cls(message, task=task, registered=registered, broken=broken)
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class Unauthorized(HTTPError):
     code = "unauthorized"
     http_status = 401
 
 
-class Forbidden(ProrlError):
+class Forbidden(HTTPError):
     code = "forbidden"
     http_status = 403
 
 
-class JobNotFound(ProrlError, KeyError):
+class JobNotFound(HTTPError, KeyError):
     code = "job_not_found"
     http_status = 404
 
@@ -58,24 +112,34 @@ class JobNotFound(ProrlError, KeyError):
         return self.message
 
 
-class PayloadTooLarge(ProrlError):
+class PayloadTooLarge(HTTPError):
     code = "payload_too_large"
     http_status = 413
 
 
-class ServiceStopped(ProrlError):
+class ServiceStopped(HTTPError):
     code = "service_stopped"
     http_status = 503
 
 
-class NoBackend(ProrlError):
-    code = "no_backend"
-    http_status = 503
+# -- control flow inside a stage -------------------------------------------------------------
 
+class StageInterrupted(ProrlError):
+    """The stage stops before its handler finished; the stage itself ends the job."""
+
+
+class JobCancelled(StageInterrupted):
+    code = "cancelled"
+
+
+class StageTimeout(StageInterrupted, TimeoutError):
+    code = "timeout"
+
+
+# -- LLM backends ----------------------------------------------------------------------------
 
 class BackendError(ProrlError):
     code = "backend_error"
-    http_status = 502
 
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
@@ -83,11 +147,15 @@ class BackendError(ProrlError):
         self.status_code = status_code
 
 
-class StageTimeout(ProrlError, TimeoutError):
-    code = "timeout"
-    http_status = 504
+class ContextExhausted(BackendError):
+    """No room is left in the model's context for another turn."""
+
+    code = "context_exhausted"
 
 
-class JobCancelled(ProrlError):
-    code = "cancelled"
-    http_status = 409
+# -- trainer side ----------------------------------------------------------------------------
+
+class PromptsExhausted(ProrlError):
+    """The DAPO collector's prompt stream ended and nothing is left in flight."""
+
+    code = "prompts_exhausted"

@@ -14,11 +14,11 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from handlers import AgentHandler, EvalResult, JobContext, UnknownTaskError, get_handler
+from handlers import AgentHandler, EvalResult, JobContext, get_handler
 
 from .aio import run_coro, thread_loop
 from .celery_app import enqueue, node_queue
-from .errors import JobCancelled, JobNotFound, StageTimeout
+from .errors import JobCancelled, JobNotFound, StageTimeout, UnknownTask
 from .job_sandboxes import tool_client
 from .llm.backends import make_backend
 from .llm.pool import Assignment
@@ -54,7 +54,7 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
             job = job_context(record, deadline=started + claim.budget_left_s)
             try:
                 handler = get_handler(record.task)
-            except UnknownTaskError as error:  # a plug-in missing on this worker: say so, now
+            except UnknownTask as error:  # a plug-in missing on this worker: say so, now
                 services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
                     stage.value, f"this worker cannot run the task: {error}"))
                 return

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import handlers
-from handlers import AgentHandler, UnknownTaskError, get_handler, load_handlers, registered_tasks
+from handlers import AgentHandler, UnknownTask, get_handler, load_handlers, registered_tasks
 from handlers.math import MathHandler
 from handlers.noop import NoopHandler
 
@@ -75,7 +75,7 @@ def test_one_instance_even_under_concurrent_lookups() -> None:
 
 
 def test_unknown_task_lists_registered_tasks() -> None:
-    with pytest.raises(UnknownTaskError) as raised:
+    with pytest.raises(UnknownTask) as raised:
         get_handler("chess")
     error = raised.value
     assert isinstance(error, KeyError)
@@ -106,7 +106,7 @@ def test_broken_plugins_are_reported_not_fatal(
     monkeypatch.syspath_prepend(str(tmp_path))
     handlers.clear_cache()
     assert registered_tasks() == shipped
-    with pytest.raises(UnknownTaskError, match="failed to load: .*ModuleNotFoundError"):
+    with pytest.raises(UnknownTask, match="failed to load: .*ModuleNotFoundError"):
         get_handler("gone")
-    with pytest.raises(UnknownTaskError, match="not an AgentHandler subclass"):
+    with pytest.raises(UnknownTask, match="not an AgentHandler subclass"):
         get_handler("wrong")

@@ -40,9 +40,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError
+from ..errors import BackendError, ContextExhausted
 from .segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
-from .session import ContextExhausted, TokenSession
+from .session import TokenSession
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,10 @@ from typing import Any
 
 from handlers.base import Generation
 
-from ..errors import BackendError
+from ..errors import BackendError, ContextExhausted
 from .backends import Completion, LLMBackend
 from ..sampling import for_protocol
 from .tokenizer import ChatTokenizer
-
-
-class ContextExhausted(BackendError):
-    code = "context_exhausted"
 
 
 class TokenSession:
