@@ -30,6 +30,9 @@
                                           RequestRejected, GatewayError, GatewayUnavailable,
                                           WaitTimeout)
 
+Sandboxes and their tool servers raise their own trees (``singularity.runtime.errors``,
+``singularity.toolserver.errors``); a stage turns them into a job's fallback result.
+
 One boundary turns errors into HTTP answers, ``api.errors.answer`` (as httpx's
 ``map_exceptions`` is its one place for transport errors): an ``HTTPError`` is answered as
 itself, a library's error that means the request is wrong is mapped to the ``HTTPError`` it

@@ -80,6 +80,8 @@ class Services:
                 getattr(self, name).close()
         if "metrics" in self.__dict__:
             self.metrics.flush()
+        if "store" in self.__dict__:
+            self.store.waiter.close()  # the completion listener of an app's waits
         if "celery" in self.__dict__:
             self.celery.close()  # its broker connections and producer pool
 

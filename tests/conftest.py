@@ -88,6 +88,26 @@ def gateway(cluster: LocalCluster) -> Gateway:
         yield client
 
 
+@pytest.fixture(scope="session")
+def gateway_app(cluster: LocalCluster):
+    """The gateway app in this process, with the cluster's settings as one explicit object."""
+    from tests.support.app import close_app, make_app
+    app = make_app(cluster)
+    yield app
+    close_app(app)
+
+
+@pytest.fixture
+def app_gateway(cluster: LocalCluster, gateway_app):
+    """As ``gateway``, through Flask's test client of ``gateway_app`` instead of gunicorn."""
+    from handlers import registry
+    redis.Redis.from_url(cluster.state_url).flushdb()
+    registry.configure(gateway_app.extensions["prorl"].settings.handlers)  # process-wide: others reset it
+    client = gateway_app.test_client()
+    client.cluster = cluster
+    yield client
+
+
 # Fixtures that start a process (redis-server, workers, gunicorn, an LLM server): a test that uses
 # one, directly or through another fixture, is an integration test, and so is every test of a
 # module that starts its own (sandboxes, tool servers, clusters of its own, judged programs).

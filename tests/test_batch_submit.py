@@ -1,10 +1,17 @@
 """Many jobs in one request: ``POST /jobs`` with an array, and a group with ``num_samples``,
-through the real gateway, workers and Redis (the ``fault`` task needs no LLM)."""
+through the gateway app (in this process), real workers and Redis (the ``fault`` task needs no
+LLM); the trainer client's batches go over HTTP to the cluster's gunicorn."""
 from __future__ import annotations
 
 import pytest
 
 from prorl_celery.client import JobRequest, RolloutClient
+
+
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
 
 
 def job(reward: float, **extra) -> dict:
@@ -16,7 +23,7 @@ def test_an_array_of_requests_is_one_submission(gateway):
             {"instance": job(1.0), "job_id": "batch-a"}]  # a repeated id is the same job
     response = gateway.post("/jobs", json=body)
     assert response.status_code == 202, response.text
-    jobs = response.json()["jobs"]
+    jobs = response.json["jobs"]
     assert [j["created"] for j in jobs] == [True, True, False] and jobs[0]["job_id"] == jobs[2]["job_id"] == "batch-a"
     assert [gateway.result(j["job_id"])["reward"] for j in jobs] == [0.25, 0.5, 0.25]
 
@@ -24,7 +31,7 @@ def test_an_array_of_requests_is_one_submission(gateway):
 def test_a_group_is_num_samples_jobs_of_one_instance(gateway):
     response = gateway.post("/jobs", json={"instance": job(1.0, instance_id="q7"), "job_id": "grp", "num_samples": 4})
     assert response.status_code == 202, response.text
-    reply = response.json()
+    reply = response.json
     assert reply["group_id"] == "grp" and [j["job_id"] for j in reply["jobs"]] == [f"grp-{i}" for i in range(4)]
     results = [gateway.result(j["job_id"]) for j in reply["jobs"]]
     assert [r["trajectory_id"] for r in results] == [0, 1, 2, 3]
@@ -34,13 +41,13 @@ def test_a_group_is_num_samples_jobs_of_one_instance(gateway):
 def test_a_bad_request_in_a_batch_names_its_index_and_creates_nothing(gateway):
     response = gateway.post("/jobs", json=[{"instance": job(1.0), "job_id": "fine-0"},
                                            {"instance": {"data_source": "nope"}}])
-    assert response.status_code == 400 and response.json()["message"].startswith("[1] ")
+    assert response.status_code == 400 and response.json["message"].startswith("[1] ")
     assert gateway.get("/jobs/fine-0").status_code == 404
     malformed = gateway.post("/jobs", json=[{"instance": job(1.0)}, {"sampling_params": {}}])
-    assert malformed.status_code == 400 and "1.instance: Field required" in malformed.json()["message"]
+    assert malformed.status_code == 400 and "1.instance: Field required" in malformed.json["message"]
     assert gateway.post("/jobs", json=[]).status_code == 400
     group_on_process = gateway.post("/process", json={"instance": job(1.0), "num_samples": 2})
-    assert group_on_process.status_code == 400 and "num_samples" in group_on_process.json()["message"]
+    assert group_on_process.status_code == 400 and "num_samples" in group_on_process.json["message"]
 
 
 def test_the_client_submits_in_batches_and_groups(gateway):

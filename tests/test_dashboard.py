@@ -1,26 +1,29 @@
-"""The dashboard over HTTP on the real gateway: its JSON matches /status, the jobs list stays
-bounded with 10,000 jobs stored, the trajectory viewer escapes model text, and sign-in works
-when the gateway has tokens."""
+"""The dashboard of the gateway app (in this process, Flask's test client, on the real cluster):
+its JSON matches /status, the jobs list stays bounded with 10,000 jobs stored, the trajectory
+viewer escapes model text, and sign-in works when the gateway has tokens."""
 from __future__ import annotations
 
 import html
 import re
-import subprocess
-import sys
 
-import httpx
 import pytest
 import redis
 
 from api import dashboard_data
 from prorl_celery import keys
 from prorl_celery.llm.tokenizer import load_tokenizer
-from prorl_celery.local import ManagedProcess, free_port, wait_until
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
+from tests.support.app import close_app, make_app
 
 XSS = "<script>window.__xss=1</script>"
 PATCH = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -1,2 +1,2 @@\n x = 1\n-y = 2\n+y = <b>3</b>\n"
+
+
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
 
 
 @pytest.fixture
@@ -45,8 +48,8 @@ def test_overview_json_reports_what_status_reports(gateway, store):
     finish_job(store, "done-1", reward=1.0)
     finish_job(store, "done-2", reward=0.0)
     store.create("waiting", {"task": "math", "budget_s": 60})
-    overview = gateway.get("/dashboard/api/overview").json()
-    status = gateway.get("/status").json()
+    overview = gateway.get("/dashboard/api/overview").json
+    status = gateway.get("/status").json
     for field in ("state", "stages", "jobs", "generation", "backends", "tasks"):
         assert overview["status"][field] == status[field], field
     assert {w["name"] for w in overview["status"]["workers"]} == {w["name"] for w in status["workers"]}
@@ -74,7 +77,7 @@ def test_minute_series_counts_every_job_that_ended(gateway, store):
             assert store.cancel(job_id).ok
         else:
             finish_job(store, job_id, reward=float(i % 2))
-    series = gateway.get("/dashboard/api/overview").json()["series"]
+    series = gateway.get("/dashboard/api/overview").json["series"]
     assert sum(series["completed"]) == 4000 and sum(series["not_completed"]) == 1000
     assert series["minutes"][-1] - series["minutes"][0] == 60 * (dashboard_data.SERIES_MINUTES - 1)
     reward_total = sum(r * c for r, c in zip(series["mean_reward"], series["completed"]) if c)
@@ -103,22 +106,22 @@ def test_jobs_list_is_bounded_and_paginates_with_10000_jobs(gateway, store):
         assert store.cancel(old).ok
     newest_first = list(reversed(pipe_ids))
 
-    first = gateway.get("/dashboard/api/jobs").json()
+    first = gateway.get("/dashboard/api/jobs").json
     assert [j["job_id"] for j in first["jobs"]] == newest_first[:dashboard_data.PAGE_SIZE]
     assert first["scanned"] == dashboard_data.PAGE_SIZE and first["next"]
-    second = gateway.get("/dashboard/api/jobs", params={"cursor": first["next"], "limit": 120}).json()
+    second = gateway.get("/dashboard/api/jobs", query_string={"cursor": first["next"], "limit": 120}).json
     assert [j["job_id"] for j in second["jobs"]] == newest_first[50:170]
 
-    odd = gateway.get("/dashboard/api/jobs", params={"task": "math"}).json()
+    odd = gateway.get("/dashboard/api/jobs", query_string={"task": "math"}).json
     assert [j["job_id"] for j in odd["jobs"]] == [i for i in newest_first if int(i[-1]) % 2][:50]
 
     # a rare status: each request examines at most SCAN_LIMIT ids and hands back a cursor
     found, cursor, requests = [], None, 0
     while True:
         params = {"status": "cancelled", **({"cursor": cursor} if cursor else {})}
-        page = gateway.get("/dashboard/api/jobs", params=params)
+        page = gateway.get("/dashboard/api/jobs", query_string=params)
         assert page.status_code == 200, page.text
-        body = page.json()
+        body = page.json
         assert body["scanned"] <= dashboard_data.SCAN_LIMIT
         found += [j["job_id"] for j in body["jobs"]]
         requests += 1
@@ -135,7 +138,7 @@ def test_jobs_list_is_bounded_and_paginates_with_10000_jobs(gateway, store):
 
     # the per-minute chart counts every job that ended, however many there are: from counters
     # the transition keeps, not from a sample of records
-    overview = gateway.get("/dashboard/api/overview").json()
+    overview = gateway.get("/dashboard/api/overview").json
     assert sum(overview["series"]["not_completed"]) == 3 and sum(overview["series"]["completed"]) == 0
 
 
@@ -143,9 +146,9 @@ def test_jobs_list_is_bounded_and_paginates_with_10000_jobs(gateway, store):
                                           ({"limit": "x"}, "limit"), ({"cursor": "abc"}, "cursor"),
                                           ({"cursor": "inf:job"}, "cursor")])
 def test_jobs_list_rejects_bad_parameters(gateway, params, field):
-    response = gateway.get("/dashboard/api/jobs", params=params)
-    assert response.status_code == 400 and response.json()["message"].startswith(field)
-    assert gateway.get("/dashboard/jobs", params=params).status_code == 400
+    response = gateway.get("/dashboard/api/jobs", query_string=params)
+    assert response.status_code == 400 and response.json["message"].startswith(field)
+    assert gateway.get("/dashboard/jobs", query_string=params).status_code == 400
 
 
 def test_trajectory_viewer_escapes_model_text_and_shows_tokens(gateway, store, qwen3_tokenizer):
@@ -178,23 +181,14 @@ def test_trajectory_viewer_escapes_model_text_and_shows_tokens(gateway, store, q
 
 
 @pytest.fixture(scope="module")
-def secured_gateway(cluster, tmp_path_factory):
-    port = free_port()
-    env = {**cluster.service_env(), "PRORL_API_TOKEN": "user-secret", "PRORL_ADMIN_TOKEN": "admin-secret"}
-    log = tmp_path_factory.mktemp("dashboard-auth") / "gateway.log"
-    with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
-                                  "-b", f"127.0.0.1:{port}", "api:create_app()"], env=env, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    process = ManagedProcess("dashboard-auth-gateway", popen, log)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "secured gateway", process)
-    yield url
-    process.stop()
+def secured_app(cluster):
+    app = make_app(cluster, api_token="user-secret", admin_token="admin-secret")
+    yield app
+    close_app(app)
 
 
-def test_dashboard_sign_in_with_a_cookie(secured_gateway):
-    with httpx.Client(base_url=secured_gateway, timeout=30) as browser:
+def test_dashboard_sign_in_with_a_cookie(secured_app):
+    with secured_app.test_client() as browser:
         page = browser.get("/dashboard/jobs?status=completed")
         assert page.status_code == 302
         assert page.headers["location"] == "/dashboard/login?next=/dashboard/jobs%3Fstatus%3Dcompleted"
@@ -211,8 +205,8 @@ def test_dashboard_sign_in_with_a_cookie(secured_gateway):
         assert browser.get("/dashboard/jobs").status_code == 200
         # the cookie opens only the dashboard: the JSON API still needs the header
         cookie_only = {"Cookie": "prorl_dashboard_token=user-secret"}
-        assert httpx.get(secured_gateway + "/status", headers=cookie_only).status_code == 401
+        assert secured_app.test_client(use_cookies=False).get("/status", headers=cookie_only).status_code == 401
         assert browser.post("/dashboard/logout").status_code == 302
-    bearer = httpx.get(secured_gateway + "/dashboard/api/overview",
-                       headers={"Authorization": "Bearer admin-secret"})
+    bearer = secured_app.test_client().get("/dashboard/api/overview",
+                                           headers={"Authorization": "Bearer admin-secret"})
     assert bearer.status_code == 200

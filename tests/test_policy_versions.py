@@ -1,5 +1,6 @@
-"""Policy versions through the real service: the trainer sets a backend's version, every model
-turn records the version that produced it, and a turn generated across an update says so."""
+"""Policy versions through the service (the gateway app in this process, real workers, Redis and
+LLM server): the trainer sets a backend's version, every model turn records the version that
+produced it, and a turn generated across an update says so."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,12 @@ from tests.support.services import eventually, rules_file, start_llm_server
 RULES = [{"match": "VSPAN", "scope": "prompt", "delay_s": 1.0,
           "replies": ["First thought.", "Second thought.", "So \\boxed{6}."]},
          {"match": "VQUICK", "scope": "prompt", "replies": ["\\boxed{6}"]}]
+
+
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +32,13 @@ def job(tag: str) -> dict:
 
 def test_turns_record_the_version_that_produced_them(gateway, versioned_llm):
     versioned_llm.reset()
-    added = gateway.post("/add_llm_server", json={"address": versioned_llm.address(), "version": 1}).json()
+    added = gateway.post("/add_llm_server", json={"address": versioned_llm.address(), "version": 1}).json
     assert added["version"] == 1
     job_id = gateway.submit(job("VSPAN"))
     # the second turn is being generated: the trainer loads new weights now
     eventually(lambda: len(versioned_llm.log()) == 2, 30, "the second turn's request")
     # the bare host:port names the same server as .../v1
-    assert gateway.post("/llm_servers/version", json={"version": 2, "address": versioned_llm.base}).json() == \
+    assert gateway.post("/llm_servers/version", json={"version": 2, "address": versioned_llm.base}).json == \
         {"versions": {versioned_llm.address(): 2}}
     result = gateway.result(job_id)
     turns = result["trajectory"]["turns"]
@@ -43,15 +50,15 @@ def test_turns_record_the_version_that_produced_them(gateway, versioned_llm):
 
     after = gateway.process(job("VQUICK"))
     assert after["trajectory"]["policy_versions"] == [2] and after["trajectory"]["on_policy"] is True
-    listed = gateway.get("/llm_servers").json()["servers"]
+    listed = gateway.get("/llm_servers").json["servers"]
     assert [s["version"] for s in listed] == [2]
 
 
 def test_setting_a_version_names_a_registered_server(gateway, versioned_llm):
-    assert gateway.post("/llm_servers/version", json={"version": 1}).json() == {"versions": {}}
-    gateway.post("/add_llm_server", json={"address": versioned_llm.address()}).raise_for_status()
+    assert gateway.post("/llm_servers/version", json={"version": 1}).json == {"versions": {}}
+    assert gateway.post("/add_llm_server", json={"address": versioned_llm.address()}).status_code == 200
     response = gateway.post("/llm_servers/version", json={"version": 3, "address": "http://127.0.0.1:1/v1"})
-    assert response.status_code == 400 and "is not a registered LLM server" in response.json()["message"]
+    assert response.status_code == 400 and "is not a registered LLM server" in response.json["message"]
     assert gateway.post("/llm_servers/version", json={"version": -1}).status_code == 400
     unversioned = gateway.process(job("VQUICK"))
     assert unversioned["trajectory"]["policy_versions"] == [] and unversioned["trajectory"]["on_policy"] is None

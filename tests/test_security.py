@@ -1,5 +1,7 @@
-"""Gateway auth, request limits, the backend allow-list and schema fuzzing, on a real gunicorn
-configured through PRORL_* variables."""
+"""Gateway auth, request limits, the backend allow-list and schema fuzzing, on the gateway app
+configured through one explicit settings object (in this process, Flask's test client); the
+trainer client's token and a chunked body's limit go over HTTP to a real gunicorn configured
+through PRORL_* variables."""
 from __future__ import annotations
 
 import subprocess
@@ -13,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from api import create_app
 from api.openapi import openapi_document
 from prorl_celery.local import ManagedProcess, free_port, wait_until
+from tests.support.app import close_app, make_app
 
 MAX_BYTES = 64 * 1024
 SPEC = openapi_document()
@@ -21,6 +24,8 @@ OPERATIONS = [(path, method.upper(), op["security"]) for path, ops in SPEC["path
               for method, op in ops.items()]
 ADMIN_OPERATIONS = [(path, method) for path, method, security in OPERATIONS if security == [{"adminToken": []}]]
 GUARDED_OPERATIONS = [(path, method) for path, method, security in OPERATIONS if security]
+SECURED = {"api_token": "user-secret", "admin_token": "admin-secret",
+           "backend_allowlist": "127.0.0.0/8,gpu-node-1", "max_request_bytes": MAX_BYTES}
 
 
 def concrete(path: str) -> str:
@@ -28,11 +33,25 @@ def concrete(path: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def secured(cluster, tmp_path_factory):
+def secured_app(cluster):
+    app = make_app(cluster, **SECURED)
+    yield app
+    close_app(app)
+
+
+@pytest.fixture
+def secured(secured_app):
+    from handlers import registry
+    registry.configure(secured_app.extensions["prorl"].settings.handlers)  # process-wide: others reset it
+    return secured_app.test_client()
+
+
+@pytest.fixture(scope="module")
+def secured_url(cluster, tmp_path_factory):
+    """The same settings as environment variables of a real gunicorn."""
     tmp_path = tmp_path_factory.mktemp("secured")
     port = free_port()
-    env = {**cluster.service_env(), "PRORL_API_TOKEN": "user-secret", "PRORL_ADMIN_TOKEN": "admin-secret",
-           "PRORL_BACKEND_ALLOWLIST": "127.0.0.0/8,gpu-node-1", "PRORL_MAX_REQUEST_BYTES": str(MAX_BYTES)}
+    env = {**cluster.service_env(), **{f"PRORL_{name.upper()}": str(value) for name, value in SECURED.items()}}
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
@@ -45,7 +64,12 @@ def secured(cluster, tmp_path_factory):
     gateway.stop()
 
 
-def call(url: str, method: str, path: str, token: str | None = None, **kwargs) -> httpx.Response:
+def call(client, method: str, path: str, token: str | None = None, **kwargs):
+    headers = {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+    return client.open(path, method=method, headers=headers, **kwargs)
+
+
+def call_http(url: str, method: str, path: str, token: str | None = None, **kwargs) -> httpx.Response:
     headers = {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {})}
     return httpx.request(method, url + path, headers=headers, timeout=60, **kwargs)
 
@@ -55,11 +79,11 @@ def test_tokens_guard_jobs_and_cluster_controls(secured):
     assert call(secured, "GET", "/healthz").status_code == 200
     assert call(secured, "GET", "/metrics").status_code == 200
     missing = call(secured, "POST", "/process", json=job)
-    assert missing.status_code == 401 and missing.json()["code"] == "unauthorized"
+    assert missing.status_code == 401 and missing.json["code"] == "unauthorized"
     assert call(secured, "POST", "/process", "wrong", json=job).status_code == 401
-    assert call(secured, "POST", "/process", "user-secret", json=job).json()["status"] == "completed"
+    assert call(secured, "POST", "/process", "user-secret", json=job).json["status"] == "completed"
     forbidden = call(secured, "POST", "/stop", "user-secret")
-    assert forbidden.status_code == 403 and "admin token" in forbidden.json()["message"]
+    assert forbidden.status_code == 403 and "admin token" in forbidden.json["message"]
     assert call(secured, "GET", "/status", "admin-secret").status_code == 200
 
 
@@ -68,13 +92,13 @@ def test_backend_allow_list(secured):
     named = call(secured, "POST", "/add_llm_server", "admin-secret", json={"address": "http://gpu-node-1:8000/v1"})
     refused = call(secured, "POST", "/add_llm_server", "admin-secret", json={"address": "http://10.1.2.3:8000/v1"})
     assert (allowed.status_code, named.status_code) == (200, 200)
-    assert refused.status_code == 403 and "PRORL_BACKEND_ALLOWLIST" in refused.json()["message"]
-    call(secured, "POST", "/clear_llm_server", "admin-secret").raise_for_status()
+    assert refused.status_code == 403 and "PRORL_BACKEND_ALLOWLIST" in refused.json["message"]
+    assert call(secured, "POST", "/clear_llm_server", "admin-secret").status_code == 200
 
 
-def test_client_sends_its_token(secured):
+def test_client_sends_its_token(secured_url):
     from prorl_celery.client import RolloutClient
-    with RolloutClient(secured, token="user-secret") as client:
+    with RolloutClient(secured_url, token="user-secret") as client:
         assert client.process({"data_source": "fault"})["status"] == "completed"
 
 
@@ -99,14 +123,14 @@ def test_the_openapi_document_lists_every_route_and_the_auth_sets():
 def test_every_admin_endpoint_needs_the_admin_token(secured, path, method, token, status):
     response = call(secured, method, concrete(path), token, json={"address": "http://127.0.0.9:8000/v1"})
     assert response.status_code == status, response.text
-    assert response.json()["code"] == {401: "unauthorized", 403: "forbidden"}[status]
-    assert call(secured, "GET", "/status", "admin-secret").json()["state"] == "started"  # /stop did not act
+    assert response.json["code"] == {401: "unauthorized", 403: "forbidden"}[status]
+    assert call(secured, "GET", "/status", "admin-secret").json["state"] == "started"  # /stop did not act
 
 
 @pytest.mark.parametrize("path,method", GUARDED_OPERATIONS)
 def test_every_guarded_endpoint_refuses_a_missing_token(secured, path, method):
     response = call(secured, method, concrete(path), json={"job_id": "x"})
-    assert response.status_code == 401 and response.json()["code"] == "unauthorized", response.text
+    assert response.status_code == 401 and response.json["code"] == "unauthorized", response.text
 
 
 def test_admin_token_opens_the_admin_endpoints(secured):
@@ -115,18 +139,29 @@ def test_admin_token_opens_the_admin_endpoints(secured):
                 "/llm_servers/version": {"version": 1}}.get(path)
         response = call(secured, method, path, "admin-secret", json=body)
         assert response.status_code == 200, (path, response.text)
-    assert call(secured, "GET", "/status", "admin-secret").json()["state"] == "started"  # /start ran last
+    assert call(secured, "GET", "/status", "admin-secret").json["state"] == "started"  # /start ran last
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-def test_oversized_body_gets_413_in_the_error_format(secured, chunked):
-    big = b'{"instance": {"data_source": "fault", "pad": "' + b"x" * MAX_BYTES + b'"}}'
-    content = iter([big[i:i + 8192] for i in range(0, len(big), 8192)]) if chunked else big
-    response = call(secured, "POST", "/jobs", "user-secret", content=content,
-                    headers={"content-type": "application/json"})
+BIG = b'{"instance": {"data_source": "fault", "pad": "' + b"x" * MAX_BYTES + b'"}}'
+SMALL = {"instance": {"data_source": "fault", "pad": "x" * 1000}}
+
+
+def test_oversized_body_gets_413_in_the_error_format(secured):
+    response = call(secured, "POST", "/jobs", "user-secret", data=BIG, headers={"content-type": "application/json"})
+    assert response.status_code == 413, response.text
+    assert response.json["code"] == "payload_too_large"
+    small = call(secured, "POST", "/jobs", "user-secret", json=SMALL)
+    assert small.status_code == 202, small.text
+
+
+def test_oversized_chunked_body_gets_413_in_the_error_format(secured_url):
+    """A body without a length: how it reaches the app (wsgi.input_terminated) is gunicorn's."""
+    content = iter([BIG[i:i + 8192] for i in range(0, len(BIG), 8192)])
+    response = call_http(secured_url, "POST", "/jobs", "user-secret", content=content,
+                         headers={"content-type": "application/json"})
     assert response.status_code == 413, response.text
     assert response.json()["code"] == "payload_too_large"
-    small = call(secured, "POST", "/jobs", "user-secret", json={"instance": {"data_source": "fault", "pad": "x" * 1000}})
+    small = call_http(secured_url, "POST", "/jobs", "user-secret", json=SMALL)
     assert small.status_code == 202, small.text
 
 
@@ -134,8 +169,8 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
 @pytest.fixture
-def gateway_schema(secured):
-    return schemathesis.openapi.from_url(secured + "/openapi.json", headers=ADMIN)
+def gateway_schema(secured, secured_app):
+    return schemathesis.openapi.from_wsgi("/openapi.json", secured_app, headers=ADMIN)
 
 
 fuzzed = schemathesis.pytest.from_fixture("gateway_schema")
@@ -145,9 +180,9 @@ fuzzed = schemathesis.pytest.from_fixture("gateway_schema")
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_schema_fuzzing_finds_no_server_error(case, secured):
     """Generated requests (valid and invalid per the document) never get a 5xx."""
-    response = case.call(base_url=secured, headers=ADMIN, timeout=30)
+    response = case.call(headers=ADMIN)
     if case.path == "/stop":  # a stopped service answers 503 by design; start it again
-        call(secured, "POST", "/start", "admin-secret").raise_for_status()
+        assert call(secured, "POST", "/start", "admin-secret").status_code == 200
     assert response.status_code < 500, f"{case.method} {case.path} -> {response.status_code}: {response.text[:500]}"
     content_type = "".join(response.headers.get("content-type", []))
     if response.status_code >= 400 and content_type.startswith("application/json"):

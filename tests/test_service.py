@@ -1,4 +1,5 @@
-"""The rollout service end to end: real gunicorn, Celery workers, Redis and LLM servers."""
+"""The rollout service end to end: the gateway app (in this process, Flask's test client, with
+the cluster's settings as one object), real Celery workers, Redis and LLM servers."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import signal
 import time
 from collections import Counter
 
-import httpx
 import pytest
 import redis
 
@@ -22,10 +22,16 @@ def math(problem: str, answer: str, **extra) -> dict:
 
 
 @pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
+
+
+@pytest.fixture
 def backend(gateway, llm_servers):
     server = llm_servers[0]
     server.reset()
-    gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": server.address()}).status_code == 200
     return server
 
 
@@ -106,7 +112,7 @@ def test_queue_time_is_not_counted(gateway):
 def test_cancel_while_queued(gateway):
     blockers = [gateway.submit({"data_source": "fault", "init_sleep_s": 2}) for _ in range(4)]
     queued = gateway.submit({"data_source": "fault"})
-    assert gateway.post("/cancel", json={"job_id": queued}).json()["cancelled"] == [queued]
+    assert gateway.post("/cancel", json={"job_id": queued}).json["cancelled"] == [queued]
     result = gateway.result(queued, wait=1)
     assert result["status"] == "cancelled"
     for job_id in blockers:
@@ -119,17 +125,17 @@ def test_cancel_mid_llm_call_aborts_backend_request(gateway, backend):
     job_id = gateway.submit(math("SLOW question", "1"))
     eventually(lambda: len(backend.log()) == 1, 20, "LLM request started")
     started = time.monotonic()
-    assert gateway.post("/cancel", json={"job_ids": [job_id]}).json()["cancelled"] == [job_id]
+    assert gateway.post("/cancel", json={"job_ids": [job_id]}).json["cancelled"] == [job_id]
     result = gateway.result(job_id, wait=5)
     assert result["status"] == "cancelled" and time.monotonic() - started < 2
     eventually(lambda: backend.log()[0]["aborted"], 10, "backend saw the request aborted")
-    status = gateway.get("/status").json()
+    status = gateway.get("/status").json
     assert status["stages"]["run"]["active"] == 0
 
 
 def test_cancel_after_completion_is_refused(gateway):
     result = gateway.process({"data_source": "fault"})
-    reply = gateway.post("/cancel", json={"job_id": result["job_id"]}).json()
+    reply = gateway.post("/cancel", json={"job_id": result["job_id"]}).json
     assert reply == {"cancelled": [], "not_cancelled": {result["job_id"]: "completed"}}
     assert gateway.result(result["job_id"])["status"] == "completed"
 
@@ -137,7 +143,7 @@ def test_cancel_after_completion_is_refused(gateway):
 def test_routing_is_sticky_and_balanced(gateway, llm_servers):
     for server in llm_servers:
         server.reset()
-        gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+        assert gateway.post("/add_llm_server", json={"address": server.address()}).status_code == 200
     ids = [gateway.submit(math(f"MULTI problem {i}", "6", max_iterations=3)) for i in range(10)]
     results = [gateway.result(job_id) for job_id in ids]
     assert all(r["reward"] == 1.0 for r in results)
@@ -146,18 +152,18 @@ def test_routing_is_sticky_and_balanced(gateway, llm_servers):
     for server in llm_servers:  # every turn of a job went to the job's backend
         mine = {r["job_id"] for r in results if r["backend"] == server.address()}
         assert len(server.log()) == 3 * len(mine)
-    counts = {s["address"]: s["assigned"] for s in gateway.get("/llm_servers").json()["servers"]}
+    counts = {s["address"]: s["assigned"] for s in gateway.get("/llm_servers").json["servers"]}
     assert sorted(counts.values()) == [5, 5]
 
 
 def test_clear_llm_server_mid_run(gateway, llm_servers):
     old, new = llm_servers
     old.reset(), new.reset()
-    gateway.post("/add_llm_server", json={"address": old.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": old.address()}).status_code == 200
     in_flight = gateway.submit(math("SLOW but finishing", "1"), sampling_params={"max_tokens": 64})
     eventually(lambda: len(old.log()) == 1, 20, "in-flight job reached its backend")
-    generation = gateway.post("/clear_llm_server").json()["generation"]
-    gateway.post("/add_llm_server", json={"address": new.address()}).raise_for_status()
+    generation = gateway.post("/clear_llm_server").json["generation"]
+    assert gateway.post("/add_llm_server", json={"address": new.address()}).status_code == 200
     fresh = gateway.process(math("What is 2 + 3?", "5"))
     assert fresh["backend"] == new.address() and fresh["generation"] == generation
     gateway.post("/cancel", json={"job_id": in_flight})
@@ -167,22 +173,22 @@ def test_clear_llm_server_mid_run(gateway, llm_servers):
 def test_stop_and_start(gateway):
     running = gateway.submit({"data_source": "fault", "run_sleep_s": 30})
     gateway.wait_for_stage(running, "run")
-    assert gateway.post("/stop").json()["cancelled"] == 1
+    assert gateway.post("/stop").json["cancelled"] == 1
     assert gateway.result(running, wait=5)["status"] == "cancelled"
     refused = gateway.post("/process", json={"instance": {"data_source": "fault"}})
-    assert refused.status_code == 503 and refused.json()["code"] == "service_stopped"
-    assert gateway.get("/status").json()["state"] == "stopped"
-    gateway.post("/start").raise_for_status()
+    assert refused.status_code == 503 and refused.json["code"] == "service_stopped"
+    assert gateway.get("/status").json["state"] == "stopped"
+    assert gateway.post("/start").status_code == 200
     assert gateway.process({"data_source": "fault"})["status"] == "completed"
 
 
 def test_idempotent_job_id(gateway):
     body = {"instance": {"data_source": "fault", "init_sleep_s": 0.3}, "job_id": "same-id-1"}
-    first = gateway.post("/jobs", json=body).json()
-    second = gateway.post("/jobs", json=body).json()
+    first = gateway.post("/jobs", json=body).json
+    second = gateway.post("/jobs", json=body).json
     assert (first["created"], second["created"]) == (True, False)
-    assert gateway.post("/process", json=body).json()["job_id"] == "same-id-1"
-    assert gateway.get("/status").json()["jobs"]["completed"] == 1
+    assert gateway.post("/process", json=body).json["job_id"] == "same-id-1"
+    assert gateway.get("/status").json["jobs"]["completed"] == 1
 
 
 def test_no_backend_fails_clearly_after_budget(gateway):
@@ -205,34 +211,34 @@ def test_no_backend_fails_clearly_after_budget(gateway):
 def test_bad_requests_name_the_field(gateway, body, field):
     response = gateway.post("/process", json=body)
     assert response.status_code == 400, response.text
-    assert response.json()["code"] == "bad_request"
-    assert field in response.json()["message"]
+    assert response.json["code"] == "bad_request"
+    assert field in response.json["message"]
 
 
 def test_unknown_task_lists_registered_tasks(gateway):
     response = gateway.post("/process", json={"instance": {"data_source": "chess"}})
     assert response.status_code == 400
-    assert response.json()["code"] == "unknown_task"
-    assert "math" in response.json()["message"] and "chess" in response.json()["message"]
+    assert response.json["code"] == "unknown_task"
+    assert "math" in response.json["message"] and "chess" in response.json["message"]
 
 
 def test_malformed_json_and_huge_body(gateway):
-    broken = gateway.post("/process", content=b"{not json", headers={"Content-Type": "application/json"})
-    assert broken.status_code == 400 and "JSON" in broken.json()["message"]
+    broken = gateway.post("/process", data=b"{not json", headers={"Content-Type": "application/json"})
+    assert broken.status_code == 400 and "JSON" in broken.json["message"]
     huge = gateway.post("/process", json={"instance": {"data_source": "math", "problem": "x" * (11 * 2**20)}})
-    assert huge.status_code == 413 and huge.json()["code"] == "payload_too_large"
+    assert huge.status_code == 413 and huge.json["code"] == "payload_too_large"
     missing = gateway.get("/jobs/nope")
-    assert missing.status_code == 404 and missing.json()["code"] == "job_not_found"
+    assert missing.status_code == 404 and missing.json["code"] == "job_not_found"
 
 
 def test_status_metrics_and_openapi(gateway):
     gateway.process({"data_source": "fault"})
-    status = gateway.get("/status").json()
+    status = gateway.get("/status").json
     assert set(status["stages"]) == {"init", "run", "eval"}
     assert {"math", "noop", "fault"} <= set(status["tasks"])
 
     def queues_seen() -> set:  # heartbeats re-register within 5 s of the per-test flush
-        return {tuple(w["queues"]) for w in gateway.get("/status").json()["workers"]}
+        return {tuple(w["queues"]) for w in gateway.get("/status").json["workers"]}
     eventually(lambda: {("init",), ("eval",)} <= queues_seen(), 10, "worker heartbeats")
     assert status["jobs"]["completed"] == 1
     metrics = gateway.get("/metrics").text
@@ -243,16 +249,16 @@ def test_status_metrics_and_openapi(gateway):
         found = [x for x in gateway.get("/metrics").text.splitlines() if x.startswith(line)]
         return float(found[0].split()[-1]) if found else 0.0
     eventually(lambda: all(stage_count(s) >= 1 for s in ("init", "run", "eval")), 10, "stage histograms")
-    spec = gateway.get("/openapi.json").json()
+    spec = gateway.get("/openapi.json").json
     assert "/process" in spec["paths"] and "ProcessRequest" in spec["components"]["schemas"]
-    assert httpx.get(gateway.cluster.gateway_url + "/healthz").json() == {"ok": True}
+    assert gateway.get("/healthz").json == {"ok": True}
 
 
 @pytest.mark.parametrize("protocol", ["vllm", "sglang", "llamacpp"])
 def test_every_backend_protocol_is_token_exact(gateway, llm_servers, protocol):
     server = llm_servers[0]
     server.reset()
-    gateway.post("/add_llm_server", json={"address": server.address(protocol), "type": protocol}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": server.address(protocol), "type": protocol}).status_code == 200
     result = gateway.process(math("MULTI: what is 10 - 4?", "6", max_iterations=3),
                              sampling_params={"seed": 3, "temperature": 0.7, "max_tokens": 32})
     assert result["reward"] == 1.0, result["error"]
@@ -351,7 +357,7 @@ def test_a_conversation_stops_at_the_backends_own_context_length(gateway, qwen3_
     server refusing an oversized request and the job failing."""
     server = start_llm_server(qwen3_tokenizer, tmp_path, "short-context", rules=rules_file([]), max_model_len=700)
     try:
-        gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+        assert gateway.post("/add_llm_server", json={"address": server.address()}).status_code == 200
         result = gateway.process(math("Random replies never box an answer: what is 1 + 1?", "2",
                                       max_iterations=30), sampling_params={"max_tokens": 150})
         assert result["status"] == "completed", result["error"]
