@@ -114,7 +114,7 @@ def enqueue(stage: Stage, job_id: str, *, queue: str | None = None, celery: Cele
     in ``pending_<stage>`` for good, so publishing outlasts a Redis restart (Celery's default
     gives up after 0.6 s). ``celery``: publish through that app instead of this module's."""
     (celery or app).send_task(f"prorl.{stage.value}", args=[job_id], queue=queue or stage.value,
-                  retry=True, retry_policy=PUBLISH_RETRY)
+                              retry=True, retry_policy=PUBLISH_RETRY)
 
 
 def enqueue_many(stage: Stage, job_ids: list[str], *, celery: Celery | None = None) -> None:

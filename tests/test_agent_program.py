@@ -1,7 +1,8 @@
-"""The ``agent`` task through the real service: agent programs no one here wrote (mini-swe-agent
-from PyPI, plain ``openai`` SDK scripts) run in a bubblewrap sandbox against the job's own
-OpenAI-compatible endpoint, driven by a scripted LLM server (real Qwen3 token ids). Every id of
-every segment is checked against what the backend saw (its ``/_log``)."""
+"""The ``agent`` task through the service (the gateway app in this process, real workers): agent
+programs no one here wrote (mini-swe-agent from PyPI, plain ``openai`` SDK scripts) run in a
+bubblewrap sandbox against the job's own OpenAI-compatible endpoint, driven by a scripted LLM
+server (real Qwen3 token ids). Every id of every segment is checked against what the backend saw
+(its ``/_log``)."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,12 @@ from tests.support.services import rules_file, start_llm_server
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
+
+
 @pytest.fixture(scope="module")
 def agent_llm(qwen3_tokenizer, tmp_path_factory):
     server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("agent-llm"), "agent-llm",
@@ -37,7 +44,7 @@ def agent_llm(qwen3_tokenizer, tmp_path_factory):
 @pytest.fixture
 def service(gateway, agent_llm):
     agent_llm.reset()
-    gateway.post("/add_llm_server", json={"address": agent_llm.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": agent_llm.address()}).status_code == 200
     return gateway
 
 
@@ -162,7 +169,7 @@ def test_the_key_opens_only_this_jobs_endpoint(service, agent_llm):
     assert agent_llm.log() == []
     # the key reached the program only: no field of the job's record holds it
     assert len(report["key"]) >= 32 and report["key"] not in json.dumps({**result, "eval": None})
-    record = service.get(f"/jobs/{result['job_id']}").json()
+    record = service.get(f"/jobs/{result['job_id']}").json
     assert report["key"] not in json.dumps({**record, "eval": None})
 
 
@@ -174,7 +181,7 @@ def test_cancelling_the_job_ends_the_pending_call_at_once(service, agent_llm):
         assert time.monotonic() < deadline, "the agent never called its endpoint"
         time.sleep(0.1)
     started = time.monotonic()
-    assert service.post("/cancel", json={"job_id": job_id}).json()["cancelled"] == [job_id]
+    assert service.post("/cancel", json={"job_id": job_id}).json["cancelled"] == [job_id]
     result = service.result(job_id, wait=30)
     assert result["status"] == "cancelled"
     deadline = time.monotonic() + 10

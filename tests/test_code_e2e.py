@@ -1,6 +1,7 @@
-"""The code task through the real service: gunicorn, Celery workers, Redis, bubblewrap sandboxes and
-a scripted LLM server (real Qwen3 token ids) whose agent writes a solution with the editor, runs
-it with bash and finishes. EVAL judges it in a fresh sandbox, never the agent's."""
+"""The code task through the service: the gateway app (in this process), real Celery workers,
+Redis, bubblewrap sandboxes and a scripted LLM server (real Qwen3 token ids) whose agent writes a
+solution with the editor, runs it with bash and finishes. EVAL judges it in a fresh sandbox,
+never the agent's."""
 from __future__ import annotations
 
 import json
@@ -44,6 +45,12 @@ def instance(marker: str, **overrides) -> dict:
     return {**row, "data_source": "codeforces", "problem": f"[{marker}] {row['problem']}", **overrides}
 
 
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
+
+
 @pytest.fixture(scope="module")
 def code_llm(qwen3_tokenizer, tmp_path_factory):
     server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("code-llm"), "code-llm", rules=rules_file(RULES))
@@ -53,7 +60,7 @@ def code_llm(qwen3_tokenizer, tmp_path_factory):
 
 @pytest.fixture
 def service(gateway, code_llm):
-    gateway.post("/add_llm_server", json={"address": code_llm.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": code_llm.address()}).status_code == 200
     return gateway
 
 
@@ -105,7 +112,7 @@ def test_time_limit_kills_an_infinite_loop_and_the_worker_carries_on(service):
     hog = service.submit(instance("E2E-MEMORY", memory_mb=64, tests=PAIR_SUMS["tests"][:1]))
     seen: set[int] = set()
     deadline = time.monotonic() + 150
-    while service.get(f"/jobs/{loop}").json().get("status") not in ("completed", "failed", "timeout", "cancelled"):
+    while service.get(f"/jobs/{loop}").json.get("status") not in ("completed", "failed", "timeout", "cancelled"):
         seen.update(processes_of(loop))  # the looping solution, seen while EVAL runs it
         assert time.monotonic() < deadline, "the infinite-loop job did not finish"
         time.sleep(0.1)
@@ -135,4 +142,4 @@ def test_time_limit_kills_an_infinite_loop_and_the_worker_carries_on(service):
 def test_bad_code_instance_is_a_400(service):
     response = service.post("/jobs", json={"instance": {"data_source": "deepcoder", "problem": "x",
                                                         "tests": [{"input": "1"}]}})
-    assert response.status_code == 400 and "tests[0]" in response.json()["message"]
+    assert response.status_code == 400 and "tests[0]" in response.json["message"]

@@ -1,5 +1,6 @@
-"""The stem task end to end: real gateway, Celery workers, bubblewrap sandboxes with the shipped
-corpus bound in and indexed by the tool server's BM25, and a scripted LLM server (real Qwen3 ids)."""
+"""The stem task end to end: the gateway app (in this process), real Celery workers, bubblewrap
+sandboxes with the shipped corpus bound in and indexed by the tool server's BM25, and a scripted
+LLM server (real Qwen3 ids)."""
 from __future__ import annotations
 
 import json
@@ -43,6 +44,12 @@ def question(question_id: str) -> dict:
         return next(row for row in map(json.loads, handle) if row["id"] == question_id)
 
 
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
+
+
 @pytest.fixture(scope="module")
 def stem_llm(qwen3_tokenizer, tmp_path_factory):
     server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("stem-llm"), "stem-llm",
@@ -54,7 +61,7 @@ def stem_llm(qwen3_tokenizer, tmp_path_factory):
 @pytest.fixture
 def backend(gateway, stem_llm):
     stem_llm.reset()
-    gateway.post("/add_llm_server", json={"address": stem_llm.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": stem_llm.address()}).status_code == 200
     return stem_llm
 
 
@@ -110,4 +117,4 @@ def test_search_python_finish_right_and_wrong_answers(gateway, backend):
 def test_bad_stem_instance_is_a_400_naming_the_field(gateway):
     response = gateway.post("/jobs", json={"instance": {"data_source": "stem", "question": "q", "answer": "x",
                                                         "tolerance": "1%"}})
-    assert response.status_code == 400 and "'tolerance'" in response.json()["message"], response.text
+    assert response.status_code == 400 and "'tolerance'" in response.json["message"], response.text

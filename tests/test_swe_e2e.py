@@ -1,7 +1,8 @@
-"""The swe task through the real service: gunicorn, Celery workers, Redis, bubblewrap sandboxes
-and a scripted LLM server (real Qwen3 token ids). INIT clones the instance's bundle at its
-base commit, the scripted agent edits the code with the editor and checks it with bash, RUN
-takes the git diff as the patch, and EVAL runs the hidden tests in a fresh sandbox."""
+"""The swe task through the service: the gateway app (in this process), real Celery workers,
+Redis, bubblewrap sandboxes and a scripted LLM server (real Qwen3 token ids). INIT clones the
+instance's bundle at its base commit, the scripted agent edits the code with the editor and
+checks it with bash, RUN takes the git diff as the patch, and EVAL runs the hidden tests in a
+fresh sandbox."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,12 @@ from tests.support.swe import ROMANUM, RULES, SEMVER
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
+
+
 @pytest.fixture(scope="module")
 def swe_llm(qwen3_tokenizer, tmp_path_factory):
     server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("swe-llm"), "swe-llm", rules=rules_file(RULES))
@@ -25,7 +32,7 @@ def swe_llm(qwen3_tokenizer, tmp_path_factory):
 
 @pytest.fixture
 def service(gateway, swe_llm):
-    gateway.post("/add_llm_server", json={"address": swe_llm.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": swe_llm.address()}).status_code == 200
     return gateway
 
 
@@ -72,4 +79,4 @@ def test_fix_resolves_and_wrong_fix_does_not(service):
 def test_unknown_repository_is_a_400(service):
     response = service.post("/jobs", json={"instance": {**ROMANUM, "data_source": "swe", "repo": "acme/rocket"}})
     assert response.status_code == 400
-    assert "no git bundle for 'acme/rocket'" in response.json()["message"]
+    assert "no git bundle for 'acme/rocket'" in response.json["message"]

@@ -1,4 +1,5 @@
-"""Token-in/token-out through the whole service, on the real Qwen3 and Llama 3.1 templates.
+"""Token-in/token-out through the whole service (the gateway app in this process, real workers),
+on the real Qwen3 and Llama 3.1 templates.
 
 The scripted backends answer with pseudo-random token ids (special and added tokens included),
 the worst case for a text pipeline. Every returned trajectory must equal, id for id, what its
@@ -17,11 +18,17 @@ from tests.support.services import rules_file, start_llm_server
 JOBS_PER_TEMPLATE = 100
 
 
+@pytest.fixture
+def gateway(app_gateway):
+    """This module's gateway is the app in this process (Flask's test client)."""
+    return app_gateway
+
+
 @pytest.fixture(params=["qwen3", "llama3"])
 def random_backend(request, gateway, tmp_path):
     tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
     server = start_llm_server(tokenizer, tmp_path, f"random-{request.param}", rules=rules_file([]))
-    gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+    assert gateway.post("/add_llm_server", json={"address": server.address()}).status_code == 200
     yield request.param, tokenizer, server
     server.process.stop()
 
