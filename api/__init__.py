@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # importing the service here would load it into gunicorn's ma
     from prorl_celery.settings import Settings
 
 
-def create_app(settings: "Settings | None" = None) -> "Flask":
+def create_app(settings: Settings | None = None) -> Flask:
     """Build the Flask app from ``settings``; without them, from the ``PRORL_*`` environment
     variables, read once here.
 
@@ -19,6 +19,7 @@ def create_app(settings: "Settings | None" = None) -> "Flask":
     handler registry is process-wide: ``settings.handlers`` is applied to it here.
     """
     from flask import Flask
+    from flask.json.provider import DefaultJSONProvider
 
     from handlers import load_handlers, registry
     from prorl_celery.services import Services
@@ -31,7 +32,8 @@ def create_app(settings: "Settings | None" = None) -> "Flask":
     load_handlers()  # import every task family at start-up, not in the first request
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
-    app.json.sort_keys = False
+    if isinstance(app.json, DefaultJSONProvider):  # the provider a plain Flask app has
+        app.json.sort_keys = False  # answers keep the order the views build
     services = Services(settings)
     services.celery  # noqa: B018 - built at start-up, not in the first submit
     extension.init_app(app, services)

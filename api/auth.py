@@ -1,8 +1,8 @@
 """Bearer-token auth of the gateway, on when tokens are configured.
 
 ``PRORL_API_TOKEN`` guards the job endpoints, ``PRORL_ADMIN_TOKEN`` the cluster controls
-(``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``, ``/llm_servers/version``); the admin token also opens the
-job endpoints. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
+(``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``, ``/llm_servers/version``);
+the admin token also opens the job endpoints. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
 
 Browsers sign in to the dashboard at ``/dashboard/login``, which keeps the token in an HttpOnly
 cookie; only ``/dashboard`` paths accept that cookie. They are read-only, so a cookie the
@@ -11,7 +11,6 @@ browser sends by itself cannot be used to cancel, stop or submit anything.
 from __future__ import annotations
 
 import hmac
-
 from urllib.parse import quote
 
 from flask import Flask, redirect, request
@@ -37,7 +36,9 @@ def _presented() -> str:
 
 
 def _matches(token: str, expected: str | None) -> bool:
-    return bool(expected) and hmac.compare_digest(token.encode(), expected.encode())
+    if not expected:  # a token that is not configured matches nothing, not the empty string
+        return False
+    return hmac.compare_digest(token.encode(), expected.encode())
 
 
 def install(app: Flask, settings: Settings) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from flask import Blueprint, jsonify, make_response, redirect, render_template, request, url_for
 
@@ -45,7 +45,7 @@ def _headers(response):
 def _timestamp(value: float | None) -> str:
     if not value:
         return ""
-    return datetime.fromtimestamp(float(value), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(float(value), tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @bp.app_template_filter("pretty")

@@ -52,7 +52,7 @@ class ProcessRequest(BaseModel):
                                     description="POST /jobs: this many rollouts of the instance (a group)")
 
     @model_validator(mode="after")
-    def _task_named(self) -> "ProcessRequest":
+    def _task_named(self) -> ProcessRequest:
         if not self.task and not isinstance(self.instance.get("data_source"), str):
             raise ValueError("name the task: give 'task' or 'instance.data_source'")
         return self
@@ -69,7 +69,7 @@ class CancelRequest(BaseModel):
     job_ids: list[str] | None = None
 
     @model_validator(mode="after")
-    def _one_form(self) -> "CancelRequest":
+    def _one_form(self) -> CancelRequest:
         if (self.job_id is None) == (self.job_ids is None):
             raise ValueError("give exactly one of 'job_id' or 'job_ids'")
         return self

@@ -92,7 +92,7 @@ def samples(spec: JobSpec, count: int) -> list[JobSpec]:
             for i in range(count)]
 
 
-def submit(store: JobStore, specs: list[JobSpec], *, celery: "Celery | None" = None) -> list[Submitted]:
+def submit(store: JobStore, specs: list[JobSpec], *, celery: Celery | None = None) -> list[Submitted]:
     """Create every job (one round trip) and enqueue INIT for the new ones (through ``celery``,
     default the environment's app). A broker that cannot be reached fails those jobs at once
     (never pending forever) and raises ServiceStopped."""

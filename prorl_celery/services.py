@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -39,7 +39,7 @@ class Services:
         return get_redis(self.settings.redis_url)
 
     @cached_property
-    def celery(self) -> "Celery":
+    def celery(self) -> Celery:
         """A Celery app on ``settings``' broker, for publishing stages (the gateway's INIT).
 
         Workers publish through the app they run (``prorl_celery.celery_app.app``); this one
@@ -60,7 +60,7 @@ class Services:
         return CancelWatcher(self.redis)
 
     @cached_property
-    def sandboxes(self) -> "JobSandboxes":
+    def sandboxes(self) -> JobSandboxes:
         from .job_sandboxes import JobSandboxes  # the sandbox stack is only loaded by workers that use it
         return JobSandboxes(self.redis, node=self.settings.node, runtime=self.settings.runtime,
                             root=self.settings.sandbox_dir)
