@@ -13,7 +13,6 @@ import redis
 
 from prorl_celery import keys
 from prorl_celery.status import Stage
-
 from tests.support.services import eventually, rules_file, start_llm_server
 
 
@@ -258,7 +257,8 @@ def test_status_metrics_and_openapi(gateway):
 def test_every_backend_protocol_is_token_exact(gateway, llm_servers, protocol):
     server = llm_servers[0]
     server.reset()
-    assert gateway.post("/add_llm_server", json={"address": server.address(protocol), "type": protocol}).status_code == 200
+    added = gateway.post("/add_llm_server", json={"address": server.address(protocol), "type": protocol})
+    assert added.status_code == 200
     result = gateway.process(math("MULTI: what is 10 - 4?", "6", max_iterations=3),
                              sampling_params={"seed": 3, "temperature": 0.7, "max_tokens": 32})
     assert result["reward"] == 1.0, result["error"]
