@@ -9,14 +9,15 @@ waiting request holds one of ``PRORL_GATEWAY_THREADS``); never the sync worker, 
 hold long waits. Without gevent installed, gthread is used.
 """
 import importlib.util
-import os
 
-bind = os.environ.get("PRORL_GATEWAY_BIND", "127.0.0.1:8080")
-worker_class = os.environ.get("PRORL_GATEWAY_WORKER_CLASS") or (
-    "gevent" if importlib.util.find_spec("gevent") else "gthread")
-workers = int(os.environ.get("PRORL_GATEWAY_WORKERS", "2"))
-threads = int(os.environ.get("PRORL_GATEWAY_THREADS", "128"))  # gthread only
-worker_connections = int(os.environ.get("PRORL_GATEWAY_CONNECTIONS", "10000"))  # gevent: open requests per worker
+from prorl_celery.settings import Settings
+
+_settings = Settings()  # the master's own read; the app factory reads again in each worker
+bind = _settings.gateway_bind
+worker_class = _settings.gateway_worker_class or ("gevent" if importlib.util.find_spec("gevent") else "gthread")
+workers = _settings.gateway_workers
+threads = _settings.gateway_threads  # gthread only
+worker_connections = _settings.gateway_connections  # gevent: open requests per worker
 backlog = 4096  # a burst of connections waits in the listen queue rather than being refused
 timeout = 120  # both worker classes heartbeat from their own loop, so long waits do not trip this
 graceful_timeout = 30

@@ -36,6 +36,8 @@ from typing import Any
 
 import click
 
+from .settings import get_settings
+
 LLAMACPP_VERSION = "0.3.36"
 #: bump when the layout of a built artifact changes, so stale caches are not reused
 FORMAT_VERSION = 1
@@ -117,7 +119,7 @@ TOKENIZER_NAMES = tuple(_SPECS)
 
 def fixtures_dir() -> Path:
     """Where fixtures are cached: ``$PRORL_FIXTURES_DIR`` or ``~/.cache/prorl-celery/fixtures``."""
-    configured = os.environ.get("PRORL_FIXTURES_DIR")
+    configured = get_settings().fixtures_dir
     return Path(configured) if configured else Path.home() / ".cache" / "prorl-celery" / "fixtures"
 
 
@@ -167,7 +169,7 @@ def _vocab_files() -> Path:
 
 
 def _extract_vocab_files(out: Path) -> None:
-    configured = os.environ.get("PRORL_LLAMACPP_SDIST")
+    configured = get_settings().llamacpp_sdist
     if configured:
         _extract_from_sdist(Path(configured), out)
         return

@@ -56,6 +56,22 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 
+    # gunicorn (api/gunicorn_conf.py)
+    gateway_bind: str = Field("127.0.0.1:8080", description="gunicorn bind address")
+    gateway_workers: int = Field(2, gt=0, description="gunicorn worker processes")
+    gateway_worker_class: str | None = Field(
+        None, description="gunicorn worker class; default gevent, gthread when gevent is missing")
+    gateway_connections: int = Field(10000, gt=0, description="open requests per gevent worker")
+    gateway_threads: int = Field(128, gt=0, description="threads per gthread worker")
+
+    uvloop: bool = Field(True, description="stages run on uvloop's event loop (False: asyncio's own)")
+    swe_repos: str = Field("", description="os.pathsep-separated swe git bundle directories, before the shipped ones")
+
+    # development and test tooling
+    fixtures_dir: str | None = Field(None, description="fixture cache; default ~/.cache/prorl-celery/fixtures")
+    llamacpp_sdist: str | None = Field(None, description="a local llama-cpp-python sdist (else it is downloaded)")
+    vllm_python: str | None = Field(None, description="the python of a venv with vllm (else the default venvs)")
+
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
