@@ -23,6 +23,7 @@ from handlers.swe import SweHandler, load_instances, normalize_instance
 from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths
 from handlers.swe.handler import BUNDLE_MOUNT
 from handlers.swe.instances import MAX_ITERATIONS_CAP, REPOS_ENV, SHIPPED_REPOS
+from prorl_celery.settings import get_settings
 from singularity.runtime import Bind, BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, SandboxSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,9 +127,11 @@ def test_max_iterations_is_capped() -> None:
     assert normalize_instance({**INSTANCES[0], "max_iterations": 10**6}).max_iterations == MAX_ITERATIONS_CAP
 
 
-def test_extra_bundle_directories(tmp_path, monkeypatch) -> None:
+def test_extra_bundle_directories(tmp_path, monkeypatch, request) -> None:
     (tmp_path / "acme__widgets.bundle").write_bytes(b"")
     monkeypatch.setenv(REPOS_ENV, str(tmp_path))
+    get_settings.cache_clear()  # settings are read once per process: read them again with the variable
+    request.addfinalizer(get_settings.cache_clear)
     assert normalize_instance({**INSTANCES[0], "repo": "acme/widgets"}).bundle == tmp_path / "acme__widgets.bundle"
 
 
