@@ -34,46 +34,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# the text path is built by the code a text-path training run uses (examples/grpo_trl_cpu.py --path text)
+from prorl_celery.integrations.trl import (
+    align,
+    cut_after_last_eot,
+    plain_messages,
+    retokenize,
+)
+
 
 def tool_schemas() -> list[dict]:
+    """The schemas of the math task's python tool, as the service's agent loop renders them."""
     from handlers.agent import AgentLoop
     from handlers.sandbox_tools import PYTHON
 
     return AgentLoop(tools=[PYTHON], finish_tool=False).tool_schemas()
-
-
-def plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What a text-receiving trainer gets: each message's role and text, the model's turns as it
-    wrote them (its ``<tool_call>`` block included; the parsed calls are left out, or a template
-    would render them a second time)."""
-    return [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
-
-
-def align(token_ids: list[int], token_mask: list[int], text_ids: list[int]) -> tuple[list[int], list[int | None]]:
-    """(text-path mask, text position -> token-path position or None). Text positions in a
-    replaced or inserted span count as model tokens when the token path's span (or its left
-    neighbour, for an insert) is the model's: tokens a template writes inside an assistant turn
-    (Qwen3's empty think block) are trained on by a text-path trainer."""
-    text_mask: list[int] = [0] * len(text_ids)
-    mapping: list[int | None] = [None] * len(text_ids)
-    matcher = difflib.SequenceMatcher(a=token_ids, b=text_ids, autojunk=False)
-    for op, a0, a1, b0, b1 in matcher.get_opcodes():
-        if op == "equal":
-            for k in range(b1 - b0):
-                mapping[b0 + k] = a0 + k
-                text_mask[b0 + k] = token_mask[a0 + k]
-        elif b1 > b0:
-            model = any(token_mask[a0:a1]) if a1 > a0 else bool(a0 > 0 and token_mask[a0 - 1]) or \
-                bool(a0 < len(token_mask) and token_mask[a0])
-            for j in range(b0, b1):
-                text_mask[j] = int(model)
-    return text_mask, mapping
-
-
-def cut_after_last_eot(ids: list[int], eot: int) -> list[int]:
-    """The text path renders a newline after the last end-of-turn; the token path ends there."""
-    last = max((i for i, t in enumerate(ids) if t == eot), default=len(ids) - 1)
-    return ids[:last + 1]
 
 
 def logprobs_of(model, ids: list[int]):
@@ -89,7 +64,7 @@ def quantiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
     return {"n": len(values), "mean": statistics.fmean(values), "p50": pick(0.5), "p99": pick(0.99),
             "max": ordered[-1], "min": ordered[0]}
 
@@ -171,9 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             token_deltas += deltas
             worst_per_rollout.append(max(deltas))
             # the text path
-            messages = plain_messages(r["messages"])
-            text = cut_after_last_eot(qwen3.encode(qwen3.render(messages, tools)), qwen3.eot_id)
-            text_mask, mapping = align(ids, mask, text)
+            path = retokenize(qwen3, r["messages"], tools, ids, mask)
+            text, text_mask, mapping = path.ids, path.mask, path.mapping
             differ += text != ids
             kept = {a for a in mapping if a is not None}
             total += len(ids)
@@ -195,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 examples.append({"ops": [(op, qwen3.hf.decode(ids[a0:a1]), qwen3.hf.decode(text[b0:b1]))
                                          for op, a0, a1, b0, b1 in ops]})
     conversations = [plain_messages(r["messages"]) for r in rollouts]
-    within = lambda xs, lo, hi: sum(lo <= x <= hi for x in xs) / max(1, len(xs))  # noqa: E731
+    within = lambda xs, lo, hi: sum(lo <= x <= hi for x in xs) / max(1, len(xs))
     report = {
         "command": "python bench/fidelity.py " + " ".join(argv or sys.argv[1:]),
         "rollouts": len(rollouts), "weights": len(by_weights),

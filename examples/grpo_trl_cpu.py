@@ -2,6 +2,8 @@
 
     python examples/grpo_trl_cpu.py                       # 3 seeds, ~25 min on 2 cores
     python examples/grpo_trl_cpu.py --seeds 0 --steps 8   # a quick look
+    python examples/grpo_trl_cpu.py --seeds 0 --path token text --seeded-sampling \
+        --out bench/results/grpo_trl_paths                  # the token path against the text path
 
 What runs:
 1. a warm start: the tiny Qwen2 with the real Qwen3 tokenizer (``devmodels.ensure_vllm_model``,
@@ -16,6 +18,13 @@ What runs:
    (``service_reward``), and the trainer's weights are pushed to vLLM before every step
    (``VLLMWeightSync``: pause keep, reload, version, resume); then held-out accuracy again, and
    vLLM back on the warm start for the next seed.
+
+Paths (``--path``): ``token`` trains on the service's ids, logprobs and mask as they are;
+``text`` trains on what a trainer that receives text builds (``ProrlRollout(path="text")``: each
+rollout's messages re-rendered with the Qwen3 chat template and re-tokenized, the mask the
+template's assistant turns, no rollout logprobs). With several paths every seed runs once per
+path from the same warm start; ``--seeded-sampling`` gives every rollout a sampler seed from
+(seed, step, row), so both paths sample the same first step and differ only by what they train on.
 
 Writes ``bench/results/grpo_trl_cpu.json`` and ``.png`` (reward per step per seed, time per step
 split into rollout / weight sync / training, rollouts per step, held-out accuracy before/after).
@@ -126,26 +135,32 @@ def score_only_completions_on_cpu() -> None:
     trl_utils._use_triton = lambda device: True  # only the "compact" choice reads this name
 
 
-def train_seed(seed: int, args, gateway_url: str, vllm_address: str, warm_dir: Path, train_rows, test_rows,
-               work: Path, log, dump: list[dict[str, Any]]) -> dict[str, Any]:
+def train_seed(seed: int, path: str, args, gateway_url: str, vllm_address: str, warm_dir: Path, train_rows,
+               test_rows, work: Path, log, dump: list[dict[str, Any]]) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from bench.fidelity import tool_schemas
+    from prorl_celery.devmodels import ensure_tokenizer
     from prorl_celery.integrations.trl import ProrlRollout, service_reward
+    from prorl_celery.llm.tokenizer import load_tokenizer
     from prorl_celery.weights import VLLMWeightSync
 
     score_only_completions_on_cpu()
     before = held_out_accuracy(gateway_url, test_rows, args.max_tokens)
-    log(f"seed {seed}: held-out accuracy before {before:.3f}")
+    name = f"seed{seed}" if path == "token" else f"seed{seed}-{path}"
+    log(f"seed {seed}, {path} path: held-out accuracy before {before:.3f}")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(warm_dir)
     by_prompt = {r["prompt"]: {k: v for k, v in r.items() if k != "prompt"} for r in train_rows}
     rollout = ProrlRollout(gateway_url, instance_for=by_prompt.__getitem__, servers=[vllm_address],
-                           weights_dir=work / f"seed{seed}", keep_weights=10_000,
-                           sampling_params={"temperature": 1.0, "max_tokens": args.max_tokens})
+                           weights_dir=work / name, keep_weights=10_000,
+                           sampling_params={"temperature": 1.0, "max_tokens": args.max_tokens},
+                           path=path, text_tokenizer=load_tokenizer(str(ensure_tokenizer("qwen3"))),
+                           text_tools=tool_schemas(), seed=seed if args.seeded_sampling else None)
     train_times: list[float] = []
 
     class Clock(TrainerCallback):
@@ -157,17 +172,17 @@ def train_seed(seed: int, args, gateway_url: str, vllm_address: str, warm_dir: P
         def on_step_end(self, *_, **__):
             timing = rollout.timings[-1]
             train_times.append(time.monotonic() - self.started - timing.rollout_s - timing.weight_sync_s)
-            weights = warm_dir if timing.policy_version == 0 else work / f"seed{seed}" / f"step-{timing.policy_version}"
+            weights = warm_dir if timing.policy_version == 0 else work / name / f"step-{timing.policy_version}"
             for result in rollout.results:  # for bench/fidelity.py: the weights each rollout ran on
                 t = result.get("trajectory") or {}
-                dump.append({"seed": seed, "step": len(train_times), "policy_version": timing.policy_version,
+                dump.append({"seed": seed, "path": path, "step": len(train_times), "policy_version": timing.policy_version,
                              "weights": str(weights), "status": result.get("status"), "reward": result.get("reward"),
                              "messages": result.get("messages"), "tools": ["python"],
                              **{k: t.get(k) for k in ("prompt_ids", "response_ids", "response_mask",
                                                       "response_logprobs", "policy_versions")}})
 
     config = GRPOConfig(
-        output_dir=str(work / f"trl-{seed}"), seed=seed, max_steps=args.steps, learning_rate=args.lr,
+        output_dir=str(work / f"trl-{name}"), seed=seed, max_steps=args.steps, learning_rate=args.lr,
         per_device_train_batch_size=args.prompts * args.generations // 2, gradient_accumulation_steps=2,
         num_generations=args.generations, max_completion_length=args.max_tokens, temperature=1.0, beta=0.0,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
@@ -178,24 +193,31 @@ def train_seed(seed: int, args, gateway_url: str, vllm_address: str, warm_dir: P
     started = time.monotonic()
     trainer.train()
     wall = time.monotonic() - started
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    rewards = [h["reward"] for h in logged]
     # the rollouts of the last step ran on the weights before its update: push the final ones
-    final = work / f"seed{seed}" / "final"
+    final = work / name / "final"
     trainer.model.save_pretrained(final, safe_serialization=True)
     with VLLMWeightSync(gateway_url) as sync:
         sync.update([vllm_address], str(final), version=args.steps + 1)
         after = held_out_accuracy(gateway_url, test_rows, args.max_tokens)
         sync.update([vllm_address], str(warm_dir), version=0)  # the next seed starts from the warm start
     rollout.close()
-    log(f"seed {seed}: reward per step {[round(r, 2) for r in rewards]}; held-out {before:.3f} -> {after:.3f} "
-        f"({wall:.0f} s)")
+    log(f"seed {seed}, {path} path: reward per step {[round(r, 2) for r in rewards]}; held-out {before:.3f} -> "
+        f"{after:.3f} ({wall:.0f} s)")
     steps = []
     for i, timing in enumerate(rollout.timings):
         steps.append({"step": i + 1, "reward": rewards[i] if i < len(rewards) else None,
                       "rollouts": timing.rollouts, "failed": timing.failed, "policy_version": timing.policy_version,
                       "rollout_s": timing.rollout_s, "weight_sync_s": timing.weight_sync_s,
-                      "train_s": train_times[i] if i < len(train_times) else None})
-    return {"seed": seed, "held_out_before": before, "held_out_after": after, "wall_s": wall, "steps": steps}
+                      "train_s": train_times[i] if i < len(train_times) else None,
+                      # TRL's own: the share of model tokens its PPO clip cut, and model tokens per rollout
+                      **{key: logged[i].get(trl_key) if i < len(logged) else None
+                         for key, trl_key in (("clip_ratio", "clip_ratio/region_mean"),
+                                              ("model_tokens_per_rollout", "completions/mean_length"))},
+                      **({"text_drift": rollout.path_stats[i]} if i < len(rollout.path_stats) else {})})
+    return {"seed": seed, "path": path, "held_out_before": before, "held_out_after": after, "wall_s": wall,
+            "steps": steps}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -204,11 +226,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    paths = list(report["by_path"])
+
+    def label(run: dict[str, Any]) -> str:
+        return f"seed {run['seed']}" + (f", {run['path']} path" if len(paths) > 1 else "")
+
     for run in report["runs"]:
         xs = [s["step"] for s in run["steps"]]
-        axes[0].plot(xs, [s["reward"] for s in run["steps"]], marker="o", label=f"seed {run['seed']}")
-    mean = report["mean_reward_per_step"]
-    axes[0].plot(range(1, len(mean) + 1), mean, color="black", linewidth=2, label="mean")
+        style = {"color": f"C{paths.index(run['path'])}", "alpha": 0.6} if len(paths) > 1 else {}
+        axes[0].plot(xs, [s["reward"] for s in run["steps"]], marker="o", label=label(run), **style)
+    for k, name in enumerate(paths):
+        mean = report["by_path"][name]["mean_reward_per_step"]
+        axes[0].plot(range(1, len(mean) + 1), mean, color="black" if len(paths) == 1 else f"C{k}", linewidth=3,
+                     label="mean" if len(paths) == 1 else f"mean, {name} path")
     axes[0].set(xlabel="GRPO step", ylabel="mean reward of the step's rollouts", title="reward per step")
     axes[0].legend()
     run = report["runs"][0]
@@ -220,17 +250,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     axes[1].set(xlabel="GRPO step", ylabel="seconds", title=f"time per step (seed {run['seed']})")
     axes[1].legend()
-    seeds = [str(r["seed"]) for r in report["runs"]]
+    seeds = [label(r).replace(", ", "\n") for r in report["runs"]]
     width = 0.35
     axes[2].bar([i - width / 2 for i in range(len(seeds))], [r["held_out_before"] for r in report["runs"]], width,
                 label="before")
     axes[2].bar([i + width / 2 for i in range(len(seeds))], [r["held_out_after"] for r in report["runs"]], width,
                 label="after")
-    axes[2].set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
+    axes[2].set_xticks(range(len(seeds)), seeds)
     axes[2].set(ylabel="greedy accuracy", title=f"held-out ({report['held_out_problems']} problems)", ylim=(0, 1))
     axes[2].legend()
-    fig.suptitle(f"GRPO through prorl-celery on CPU: TRL + real vLLM, {report['rollouts_per_step']} multi-turn "
-                 "tool rollouts per step")
+    title = f"GRPO through prorl-celery on CPU: TRL + real vLLM, {report['rollouts_per_step']} multi-turn " \
+            f"tool rollouts per step, lr {report['args']['lr']:g}"
+    if len(paths) > 1:
+        title += f"; paths: {', '.join(paths)} (same seed, same warm start)"
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -242,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--generations", type=int, default=4, help="rollouts per prompt (the GRPO group)")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--path", nargs="+", choices=["token", "text"], default=["token"],
+                        help="what TRL trains on: the service's ids (token) or the re-tokenized messages (text); "
+                             "several: every seed once per path")
+    parser.add_argument("--seeded-sampling", action="store_true",
+                        help="a sampler seed per rollout from (seed, step, row): the same seed samples the same")
     parser.add_argument("--max-tokens", type=int, default=96, help="tokens per model turn")
     parser.add_argument("--train-problems", type=int, default=64)
     parser.add_argument("--test-problems", type=int, default=32)
@@ -299,33 +337,41 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, {cores[0]})
         torch.set_num_threads(1)
         dump: list[dict[str, Any]] = []
-        report["runs"] = [train_seed(seed, args, cluster.gateway_url, cluster.llm_url, warm_dir, rows_of(train),
-                                     rows_of(test), work, log, dump) for seed in args.seeds]
+        report["runs"] = [train_seed(seed, path, args, cluster.gateway_url, cluster.llm_url, warm_dir,
+                                     rows_of(train), rows_of(test), work, log, dump)
+                          for seed in args.seeds for path in args.path]
     rollouts_path = args.out.parent / (args.out.name + "_rollouts.jsonl")
     rollouts_path.parent.mkdir(parents=True, exist_ok=True)
     rollouts_path.write_text("".join(json.dumps(r) + "\n" for r in dump))
     report["rollouts_file"] = str(rollouts_path)
     report["weights_kept_in"] = str(work)
-    per_step = list(zip(*[[s["reward"] for s in r["steps"]] for r in report["runs"]]))
-    report["mean_reward_per_step"] = [statistics.fmean(x) for x in per_step]
-    third = max(1, len(per_step) // 3)
-    first = [x for step in per_step[:third] for x in step]
-    last = [x for step in per_step[-third:] for x in step]
-    report["reward_first_third"] = statistics.fmean(first)
-    report["reward_last_third"] = statistics.fmean(last)
-    report["reward_rise"] = report["reward_last_third"] - report["reward_first_third"]
-    report["held_out_before_mean"] = statistics.fmean(r["held_out_before"] for r in report["runs"])
-    report["held_out_after_mean"] = statistics.fmean(r["held_out_after"] for r in report["runs"])
-    report["time_split_mean_s"] = {k: statistics.fmean(s[k] or 0.0 for r in report["runs"] for s in r["steps"])
-                                   for k in ("rollout_s", "weight_sync_s", "train_s")}
+    report["by_path"] = {path: summary([r for r in report["runs"] if r["path"] == path]) for path in args.path}
+    report.update(report["by_path"][args.path[0]])  # the first path's summary at the top, as with one path
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     plot(report, args.out.with_suffix(".png"))
-    log(f"mean reward per step {[round(x, 3) for x in report['mean_reward_per_step']]}")
-    log(f"reward first third {report['reward_first_third']:.3f} -> last third {report['reward_last_third']:.3f} "
-        f"(+{report['reward_rise']:.3f}); held-out {report['held_out_before_mean']:.3f} -> "
-        f"{report['held_out_after_mean']:.3f}; wrote {args.out.with_suffix('.json')} and .png")
+    for path, s in report["by_path"].items():
+        log(f"{path} path: mean reward per step {[round(x, 3) for x in s['mean_reward_per_step']]}")
+        log(f"{path} path: reward first third {s['reward_first_third']:.3f} -> last third "
+            f"{s['reward_last_third']:.3f} ({s['reward_rise']:+.3f}); held-out {s['held_out_before_mean']:.3f} -> "
+            f"{s['held_out_after_mean']:.3f}")
+    log(f"wrote {args.out.with_suffix('.json')} and .png")
     return 0
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reward per step (mean over the runs), first third against last third, held-out, time split."""
+    per_step = list(zip(*[[s["reward"] for s in r["steps"]] for r in runs]))
+    third = max(1, len(per_step) // 3)
+    out: dict[str, Any] = {"mean_reward_per_step": [statistics.fmean(x) for x in per_step],
+                           "reward_first_third": statistics.fmean(x for step in per_step[:third] for x in step),
+                           "reward_last_third": statistics.fmean(x for step in per_step[-third:] for x in step)}
+    out["reward_rise"] = out["reward_last_third"] - out["reward_first_third"]
+    out["held_out_before_mean"] = statistics.fmean(r["held_out_before"] for r in runs)
+    out["held_out_after_mean"] = statistics.fmean(r["held_out_after"] for r in runs)
+    out["time_split_mean_s"] = {k: statistics.fmean(s[k] or 0.0 for r in runs for s in r["steps"])
+                                for k in ("rollout_s", "weight_sync_s", "train_s")}
+    return out
 
 
 if __name__ == "__main__":

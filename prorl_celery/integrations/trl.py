@@ -29,10 +29,17 @@ Weights: before the rollouts of a new optimizer step, the trainer's model is sav
 :class:`prorl_celery.weights.VLLMWeightSync` (pause in ``keep`` mode, reload, versions, resume):
 the policy version is TRL's ``global_step``, so every rollout says which policy made it
 (``policy_versions`` reaches the reward functions).
+
+Paths: ``path="token"`` (the default) hands TRL the service's ids. ``path="text"`` is for
+comparison experiments: it builds what a trainer that receives text would train on (the
+messages re-rendered with the chat template and re-tokenized, :func:`retokenize`), without
+rollout logprobs (a text trainer has none for its own tokenization; the server's are for other
+ids, of another length).
 """
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import shutil
 import time
@@ -41,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..client import AsyncRolloutClient, LoopThread, new_job_id
+from ..client import AsyncRolloutClient, JobRequest, LoopThread, new_job_id
 
 
 def _key(prompt: Any) -> str:
@@ -89,8 +96,24 @@ class ProrlRollout:
     results: list[dict[str, Any]] = field(default_factory=list, repr=False)
     #: keep every result of the last call in ``results`` (for inspection)
     keep_results: bool = True
+    #: "token": the service's ids, logprobs and mask; "text": the text path (module docstring)
+    path: str = "token"
+    #: the text path's tokenizer (``prorl_celery.llm.tokenizer.ChatTokenizer``) and the tool
+    #: schemas its template renders
+    text_tokenizer: Any = None
+    text_tools: list[dict[str, Any]] | None = None
+    #: per call on the text path: how far its ids drifted from the token path (:func:`drift`)
+    path_stats: list[dict[str, float]] = field(default_factory=list)
+    #: a sampler seed per rollout, from (this, TRL's step, the row): runs with the same seed
+    #: sample the same rollouts from the same weights (e.g. the two paths compared), while the
+    #: rollouts of a group still differ. None: the server's own randomness
+    seed: int | None = None
 
     def __post_init__(self) -> None:
+        if self.path not in ("token", "text"):
+            raise ValueError(f"ProrlRollout: path must be 'token' or 'text', not {self.path!r}")
+        if self.path == "text" and self.text_tokenizer is None:
+            raise ValueError("ProrlRollout: path='text' needs text_tokenizer= (a ChatTokenizer)")
         self._by_prompt: dict[str, dict[str, Any]] = {}
         for row in self.rows or ():
             row = dict(row)
@@ -108,13 +131,17 @@ class ProrlRollout:
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         sync_s = self.sync_weights(trainer, step) if self.servers else 0.0
         started = time.monotonic()
-        results = self._loop.run(self._run(prompts, self._sampling_params(trainer)))
+        results = self._loop.run(self._run(prompts, self._sampling_params(trainer), step))
         timing = StepTiming(step, len(results), time.monotonic() - started, sync_s, self._synced_step,
                             sum(r.get("status") != "completed" for r in results))
         self.timings.append(timing)
         if self.keep_results:
             self.results = results
-        return self.to_trl(results, eos_id=_eos_id(trainer))
+        out = self.to_trl(results, eos_id=_eos_id(trainer))
+        if self.path == "text":
+            stats = self.to_text_path(out, results, self.text_tokenizer, self.text_tools)
+            self.path_stats.append(stats)
+        return out
 
     def instance(self, prompt: Any) -> dict[str, Any]:
         """The job instance for one prompt TRL passed."""
@@ -143,7 +170,7 @@ class ProrlRollout:
             params["max_tokens"] = int(args.max_completion_length)
         return params
 
-    async def _run(self, prompts: list[Any], sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _run(self, prompts: list[Any], sampling_params: dict[str, Any], step: int = 0) -> list[dict[str, Any]]:
         # TRL repeats each prompt num_generations times in a row: one group per run of equal
         # prompts (one POST /jobs with num_samples), all groups submitted at once
         groups: list[tuple[dict[str, Any], int]] = []
@@ -156,6 +183,16 @@ class ProrlRollout:
                 groups.append((self.instance(prompt), 1))
             last = key
         async with AsyncRolloutClient(self.gateway_url, token=self.token) as client:
+            if self.seed is not None:  # a group's jobs as POST /jobs makes them, each with its own seed
+                requests, row = [], 0
+                for instance, n in groups:
+                    group_id = new_job_id("trl-")
+                    for i in range(n):
+                        seed = (self.seed * 1_000_003 + step * 10_007 + row) % 2 ** 31
+                        requests.append(JobRequest({**instance, "trajectory_id": i}, {**sampling_params, "seed": seed},
+                                                   f"{group_id}-{i}", self.task, self.timeout_s))
+                        row += 1
+                return await client.wait_all(await client.submit_many(requests), self.wait_timeout_s)
             id_lists = await asyncio.gather(*(
                 client.submit_group(instance, n, sampling_params=sampling_params, group_id=new_job_id("trl-"),
                                     task=self.task, timeout_s=self.timeout_s)
@@ -189,6 +226,26 @@ class ProrlRollout:
             out["num_turns"].append(len(trajectory.get("turns") or ()))
         return out
 
+    @staticmethod
+    def to_text_path(out: dict[str, list], results: list[dict[str, Any]], chat: Any,
+                     tools: list[dict[str, Any]] | None) -> dict[str, float]:
+        """Turn :meth:`to_trl`'s output (in place) into the text path: every completed row's ids
+        and mask from :func:`retokenize`, and no logprobs (``None``: TRL then has no sampling
+        logprobs and computes its own). Returns the drift of the batch (:func:`drift`)."""
+        paths: list[tuple[list[int], list[int], TextPath]] = []
+        for row, result in enumerate(results):
+            if out["status"][row] != "completed" or not any(out["env_mask"][row]):  # a failed job's placeholder
+                continue
+            token_ids = out["prompt_ids"][row] + out["completion_ids"][row]
+            token_mask = [0] * len(out["prompt_ids"][row]) + out["env_mask"][row]
+            text = retokenize(chat, result.get("messages") or [], tools, token_ids, token_mask)
+            out["prompt_ids"][row] = text.ids[:text.prompt_len]
+            out["completion_ids"][row] = text.ids[text.prompt_len:]
+            out["env_mask"][row] = text.mask[text.prompt_len:]
+            paths.append((token_ids, token_mask, text))
+        out["logprobs"] = None
+        return drift(paths)
+
     # -- weights -------------------------------------------------------------------------------
 
     def sync_weights(self, trainer: Any, step: int) -> float:
@@ -220,6 +277,94 @@ class ProrlRollout:
         if self._sync is not None:
             self._sync.close()
         self._loop.close()
+
+
+# -- the text path ---------------------------------------------------------------------------
+
+
+@dataclass
+class TextPath:
+    """A trajectory as a trainer that receives text builds it."""
+
+    #: the conversation re-rendered with the chat template and re-tokenized
+    ids: list[int]
+    #: 1 = a model token (trained on): the assistant turns' tokens, with what the template
+    #: writes inside them
+    mask: list[int]
+    #: where the completion starts (the prompt rendered with the generation prompt)
+    prompt_len: int
+    #: text position -> token-path position, or None for a token the token path does not have
+    mapping: list[int | None]
+
+
+def plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a text-receiving trainer gets: each message's role and text, the model's turns as it
+    wrote them (its ``<tool_call>`` block included; the parsed calls are left out, or a template
+    would render them a second time)."""
+    return [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+
+
+def align(token_ids: list[int], token_mask: list[int], text_ids: list[int]) -> tuple[list[int], list[int | None]]:
+    """(text-path mask, text position -> token-path position or None). Text positions in a
+    replaced or inserted span count as model tokens when the token path's span (or its left
+    neighbour, for an insert) is the model's: tokens a template writes inside an assistant turn
+    (Qwen3's empty think block) are trained on by a text-path trainer."""
+    text_mask: list[int] = [0] * len(text_ids)
+    mapping: list[int | None] = [None] * len(text_ids)
+    matcher = difflib.SequenceMatcher(a=token_ids, b=text_ids, autojunk=False)
+    for op, a0, a1, b0, b1 in matcher.get_opcodes():
+        if op == "equal":
+            for k in range(b1 - b0):
+                mapping[b0 + k] = a0 + k
+                text_mask[b0 + k] = token_mask[a0 + k]
+        elif b1 > b0:
+            model = any(token_mask[a0:a1]) if a1 > a0 else bool(a0 > 0 and token_mask[a0 - 1]) or \
+                bool(a0 < len(token_mask) and token_mask[a0])
+            for j in range(b0, b1):
+                text_mask[j] = int(model)
+    return text_mask, mapping
+
+
+def cut_after_last_eot(ids: list[int], eot: int) -> list[int]:
+    """The text path renders a newline after the last end-of-turn; the token path ends there."""
+    last = max((i for i, t in enumerate(ids) if t == eot), default=len(ids) - 1)
+    return ids[:last + 1]
+
+
+def retokenize(chat: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               token_ids: list[int], token_mask: list[int]) -> TextPath:
+    """The text path of one rollout: its messages (:func:`plain_messages`) rendered with
+    ``chat``'s template (a ``ChatTokenizer``) and re-tokenized. The mask is the template's
+    assistant turns, found by aligning to the token path (``token_ids``/``token_mask``, the
+    service's): a text trainer finds the same spans from the template's turn markers."""
+    plain = plain_messages(messages)
+    ids = cut_after_last_eot(chat.encode(chat.render(plain, tools)), chat.eot_id)
+    mask, mapping = align(token_ids, token_mask, ids)
+    first = next((i for i, m in enumerate(plain) if m["role"] == "assistant"), len(plain))
+    prompt = chat.prompt_ids(plain[:first], tools)
+    if ids[:len(prompt)] == prompt:
+        prompt_len = len(prompt)
+    else:  # the template renders the prompt otherwise inside the whole conversation
+        prompt_len = next((k for k, (a, b) in enumerate(zip(ids, prompt)) if a != b), min(len(ids), len(prompt)))
+    mask[:prompt_len] = [0] * prompt_len
+    return TextPath(ids, mask, prompt_len, mapping)
+
+
+def drift(paths: Iterable[tuple[list[int], list[int], TextPath]]) -> dict[str, float]:
+    """How far text paths are from their token paths (``(token_ids, token_mask, text)`` each):
+    the fraction of trajectories whose ids differ, of the token path's model tokens the text
+    path lacks, and the text path's model tokens the token path lacks, per trajectory."""
+    n = differ = model = lost = added = 0
+    for token_ids, token_mask, text in paths:
+        n += 1
+        differ += token_ids != text.ids
+        kept = {a for a in text.mapping if a is not None}
+        model += sum(token_mask)
+        lost += sum(1 for k, m in enumerate(token_mask) if m and k not in kept)
+        added += sum(1 for j, a in enumerate(text.mapping) if a is None and text.mask[j])
+    return {"trajectories": n, "trajectories_differ": differ / max(1, n),
+            "model_tokens_lost": lost / max(1, model),
+            "model_tokens_added_per_trajectory": added / max(1, n)}
 
 
 def service_reward(completions: list[Any] | None = None, service_reward: list[float | None] | None = None,
