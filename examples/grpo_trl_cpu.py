@@ -142,7 +142,6 @@ def train_seed(seed: int, path: str, args, gateway_url: str, vllm_address: str, 
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from bench.fidelity import tool_schemas
     from prorl_celery.devmodels import ensure_tokenizer
     from prorl_celery.integrations.trl import ProrlRollout, service_reward
     from prorl_celery.llm.tokenizer import load_tokenizer
@@ -160,7 +159,7 @@ def train_seed(seed: int, path: str, args, gateway_url: str, vllm_address: str, 
                            weights_dir=work / name, keep_weights=10_000,
                            sampling_params={"temperature": 1.0, "max_tokens": args.max_tokens},
                            path=path, text_tokenizer=load_tokenizer(str(ensure_tokenizer("qwen3"))),
-                           text_tools=tool_schemas(), seed=seed if args.seeded_sampling else None)
+                           seed=seed if args.seeded_sampling else None)
     train_times: list[float] = []
 
     class Clock(TrainerCallback):

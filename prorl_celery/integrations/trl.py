@@ -99,7 +99,7 @@ class ProrlRollout:
     #: "token": the service's ids, logprobs and mask; "text": the text path (module docstring)
     path: str = "token"
     #: the text path's tokenizer (``prorl_celery.llm.tokenizer.ChatTokenizer``) and the tool
-    #: schemas its template renders
+    #: schemas its template renders (default: each trajectory's ``tools``, what the service rendered)
     text_tokenizer: Any = None
     text_tools: list[dict[str, Any]] | None = None
     #: per call on the text path: how far its ids drifted from the token path (:func:`drift`)
@@ -230,15 +230,17 @@ class ProrlRollout:
     def to_text_path(out: dict[str, list], results: list[dict[str, Any]], chat: Any,
                      tools: list[dict[str, Any]] | None) -> dict[str, float]:
         """Turn :meth:`to_trl`'s output (in place) into the text path: every completed row's ids
-        and mask from :func:`retokenize`, and no logprobs (``None``: TRL then has no sampling
-        logprobs and computes its own). Returns the drift of the batch (:func:`drift`)."""
+        and mask from :func:`retokenize` (with ``tools``, or the trajectory's own), and no
+        logprobs (``None``: TRL then has no sampling logprobs and computes its own). Returns the
+        drift of the batch (:func:`drift`)."""
         paths: list[tuple[list[int], list[int], TextPath]] = []
         for row, result in enumerate(results):
             if out["status"][row] != "completed" or not any(out["env_mask"][row]):  # a failed job's placeholder
                 continue
             token_ids = out["prompt_ids"][row] + out["completion_ids"][row]
             token_mask = [0] * len(out["prompt_ids"][row]) + out["env_mask"][row]
-            text = retokenize(chat, result.get("messages") or [], tools, token_ids, token_mask)
+            schemas = tools if tools is not None else (result.get("trajectory") or {}).get("tools")
+            text = retokenize(chat, result.get("messages") or [], schemas, token_ids, token_mask)
             out["prompt_ids"][row] = text.ids[:text.prompt_len]
             out["completion_ids"][row] = text.ids[text.prompt_len:]
             out["env_mask"][row] = text.mask[text.prompt_len:]
