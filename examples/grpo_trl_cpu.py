@@ -229,13 +229,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     paths = list(report["by_path"])
 
-    def label(run: dict[str, Any]) -> str:
+    def run_label(run: dict[str, Any]) -> str:
         return f"seed {run['seed']}" + (f", {run['path']} path" if len(paths) > 1 else "")
 
     for run in report["runs"]:
         xs = [s["step"] for s in run["steps"]]
         style = {"color": f"C{paths.index(run['path'])}", "alpha": 0.6} if len(paths) > 1 else {}
-        axes[0].plot(xs, [s["reward"] for s in run["steps"]], marker="o", label=label(run), **style)
+        axes[0].plot(xs, [s["reward"] for s in run["steps"]], marker="o", label=run_label(run), **style)
     for k, name in enumerate(paths):
         mean = report["by_path"][name]["mean_reward_per_step"]
         axes[0].plot(range(1, len(mean) + 1), mean, color="black" if len(paths) == 1 else f"C{k}", linewidth=3,
@@ -251,7 +251,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     axes[1].set(xlabel="GRPO step", ylabel="seconds", title=f"time per step (seed {run['seed']})")
     axes[1].legend()
-    seeds = [label(r).replace(", ", "\n") for r in report["runs"]]
+    seeds = [run_label(r).replace(", ", "\n") for r in report["runs"]]
     width = 0.35
     axes[2].bar([i - width / 2 for i in range(len(seeds))], [r["held_out_before"] for r in report["runs"]], width,
                 label="before")
