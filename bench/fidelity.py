@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # the text path is built by the code a text-path training run uses (examples/grpo_trl_cpu.py --path text)
-from prorl_celery.integrations.trl import (
+from prorl_celery.integrations.trl import (  # noqa: E402
     align,
     cut_after_last_eot,
     plain_messages,
@@ -64,7 +64,7 @@ def quantiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"n": len(values), "mean": statistics.fmean(values), "p50": pick(0.5), "p99": pick(0.99),
             "max": ordered[-1], "min": ordered[0]}
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 examples.append({"ops": [(op, qwen3.hf.decode(ids[a0:a1]), qwen3.hf.decode(text[b0:b1]))
                                          for op, a0, a1, b0, b1 in ops]})
     conversations = [plain_messages(r["messages"]) for r in rollouts]
-    within = lambda xs, lo, hi: sum(lo <= x <= hi for x in xs) / max(1, len(xs))
+    within = lambda xs, lo, hi: sum(lo <= x <= hi for x in xs) / max(1, len(xs))  # noqa: E731
     report = {
         "command": "python bench/fidelity.py " + " ".join(argv or sys.argv[1:]),
         "rollouts": len(rollouts), "weights": len(by_weights),

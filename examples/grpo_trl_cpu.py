@@ -174,7 +174,8 @@ def train_seed(seed: int, path: str, args, gateway_url: str, vllm_address: str, 
             weights = warm_dir if timing.policy_version == 0 else work / name / f"step-{timing.policy_version}"
             for result in rollout.results:  # for bench/fidelity.py: the weights each rollout ran on
                 t = result.get("trajectory") or {}
-                dump.append({"seed": seed, "path": path, "step": len(train_times), "policy_version": timing.policy_version,
+                dump.append({"seed": seed, "path": path, "step": len(train_times),
+                             "policy_version": timing.policy_version,
                              "weights": str(weights), "status": result.get("status"), "reward": result.get("reward"),
                              "messages": result.get("messages"), "tools": ["python"],
                              **{k: t.get(k) for k in ("prompt_ids", "response_ids", "response_mask",
