@@ -14,7 +14,7 @@ import pytest
 
 from prorl_celery.integrations.trl import ProrlRollout
 from prorl_celery.llm.tokenizer import load_tokenizer
-from tests.conftest import rules_file, start_llm_server
+from tests.support.services import rules_file, start_llm_server
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 48}
 
