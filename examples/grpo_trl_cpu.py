@@ -211,8 +211,9 @@ def train_seed(seed: int, path: str, args, gateway_url: str, vllm_address: str, 
                       "rollouts": timing.rollouts, "failed": timing.failed, "policy_version": timing.policy_version,
                       "rollout_s": timing.rollout_s, "weight_sync_s": timing.weight_sync_s,
                       "train_s": train_times[i] if i < len(train_times) else None,
-                      # TRL's own: the share of model tokens its PPO clip cut, of rollouts it took as
-                      # truncated (no end-of-turn last: left out of the loss), model tokens per rollout
+                      # TRL's own: the share of model tokens its PPO clip cut, of rollouts that end cut
+                      # off (no end-of-turn last; trained as they are: mask_truncated_completions is off),
+                      # model tokens per rollout
                       **{key: logged[i].get(trl_key) if i < len(logged) else None
                          for key, trl_key in (("clip_ratio", "clip_ratio/region_mean"),
                                               ("truncated_ratio", "completions/clipped_ratio"),
