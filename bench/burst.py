@@ -19,9 +19,13 @@ process group), and the RUN worker's CPU per job and RSS (idle before the burst,
     python -m bench.burst                      # 256, 1000 and 4000 jobs of 10 s, both styles
     python -m bench.burst --quick              # 64 and 256 jobs of 2 s
     python -m bench.burst --sizes 1000 --styles process --delay 10 --repeat 2
+    python -m bench.burst --sizes 1000 --baseline /tmp/old    # beside an older tree, interleaved
 
 Each size gets a cluster of its own (RUN ``-c`` = the size unless ``--run-concurrency``), warmed
-by one wave of short jobs first; styles are interleaved over ``--repeat`` rounds. Prints a table
+by one wave of short jobs first; styles are interleaved over ``--repeat`` rounds. With
+``--baseline TREE`` (a checkout, e.g. ``git archive main | tar -x -C /tmp/old``) every round runs
+a cluster of that tree's service and one of this tree's, one after the other (order alternating),
+and the report gives this tree's makespan over the baseline's of the same round. Prints a table
 and writes ``bench/results/burst.json``.
 """
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any
 import httpx
 
 from bench._cli import run_benchmark
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.local import LocalCluster, ManagedProcess
 from prorl_celery.status import Stage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +71,7 @@ class Plan:
     gateway_workers: int
     gateway_threads: int | None
     warmup: bool
+    baseline: str | None = None
 
 
 def parse_args(argv: list[str] | None) -> Plan:
@@ -84,6 +89,7 @@ def parse_args(argv: list[str] | None) -> Plan:
     parser.add_argument("--gateway-threads", type=int, help="PRORL_GATEWAY_THREADS for the gateway (default: its own)")
     parser.add_argument("--no-warmup", action="store_true", help="measure a cold cluster (no warm-up wave)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 64 and 256 jobs of 2 s")
+    parser.add_argument("--baseline", help="a tree of an older service to run beside this one, interleaved")
     args = parser.parse_args(argv)
     sizes = args.sizes or ("64,256" if args.quick else "256,1000,4000")
     styles = [s.strip() for s in args.styles.split(",") if s.strip()]
@@ -95,7 +101,8 @@ def parse_args(argv: list[str] | None) -> Plan:
                 warm_delay_s=args.warm_delay, repeat=args.repeat, run_concurrency=args.run_concurrency,
                 init_concurrency=args.init_concurrency, eval_concurrency=args.eval_concurrency,
                 gateway_workers=args.gateway_workers, gateway_threads=args.gateway_threads,
-                warmup=not args.no_warmup)
+                warmup=not args.no_warmup,
+                baseline=str(Path(args.baseline).resolve()) if args.baseline else None)
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -150,7 +157,7 @@ class Sampler:
                 self.peak[name] = max(self.peak[name], group_rss_mb(process))
             self._stop.wait(0.2)
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -169,8 +176,10 @@ def rules_file(directory: Path, plan: Plan) -> Path:
     return path
 
 
-def start_cluster(plan: Plan, size: int, log_dir: Path, tokenizer: str, rules: Path) -> LocalCluster:
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def start_cluster(plan: Plan, size: int, log_dir: Path, tokenizer: str, rules: Path,
+                  tree: Path = ROOT) -> LocalCluster:
+    """The service of ``tree`` (its gateway, workers and LLM server import from there)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     if plan.gateway_threads:
         env["PRORL_GATEWAY_THREADS"] = str(plan.gateway_threads)
     command = [sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules), "--tokenizer", tokenizer,
@@ -277,7 +286,8 @@ class LightHTTP:
         return status, json.loads(data) if data else None
 
 
-async def floor(cluster: LocalCluster, size: int, tag: str, prompt_ids: list[int], t0: list[float]) -> tuple[float, list]:
+async def floor(cluster: LocalCluster, size: int, tag: str, prompt_ids: list[int],
+                t0: list[float]) -> tuple[float, list]:
     """The same burst straight to the scripted server: no service in between."""
     client = LightHTTP(llm_base(cluster))
     body = {"model": "m", "prompt": prompt_ids, "max_tokens": 64, "temperature": 0.0, "logprobs": 0,
@@ -401,12 +411,14 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
     bad = [r for r in results if r.get("status") != "completed"]
     row = {"size": size, "style": style, "makespan_s": makespan, "ratio": makespan / plan.delay_s,
            "peak_in_flight": peak_in_flight(log), "llm_requests": len(log), **llm_spread(log),
-           "admitted_s": admitted_s(cluster, results, t0[0]), "not_completed": len(bad), "example_error": (bad[0].get("error") if bad else None),
+           "admitted_s": admitted_s(cluster, results, t0[0]), "not_completed": len(bad),
+           "example_error": (bad[0].get("error") if bad else None),
            "gateway_rss_idle_mb": idle["gateway_rss_mb"], "gateway_rss_peak_mb": sampler.peak["gateway"],
            "run_rss_idle_mb": idle["run_rss_mb"], "run_rss_peak_mb": sampler.peak["run"],
            "cpu_ms_per_job": {k: v * 1e3 / size for k, v in cpu.items()}}
     print(f"  {size:>5} {style:<8} makespan {makespan:6.2f} s ({row['ratio']:.2f}x ideal), peak in flight "
-          f"{row['peak_in_flight']}, all admitted after {row['admitted_s'] or 0:.2f} s, gateway {row['gateway_rss_peak_mb']:.0f} MB, RUN {row['run_rss_peak_mb']:.0f} MB, "
+          f"{row['peak_in_flight']}, all admitted after {row['admitted_s'] or 0:.2f} s, "
+          f"gateway {row['gateway_rss_peak_mb']:.0f} MB, RUN {row['run_rss_peak_mb']:.0f} MB, "
           f"RUN CPU {row['cpu_ms_per_job']['run']:.1f} ms/job, arrivals at the LLM over "
           f"{row.get('llm_last_arrival_s', 0):.2f} s" + (f", {len(bad)} not completed" if bad else ""),
           file=sys.stderr, flush=True)
@@ -423,30 +435,60 @@ def run(plan: Plan) -> dict[str, Any]:
         "benchmark": "burst", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "log_dir": str(log_dir),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": os.getloadavg()},
         "plan": plan.__dict__, "rows": [], "clusters": []}
+    trees = [("this", ROOT)] + ([("baseline", Path(plan.baseline))] if plan.baseline else [])
     for size in plan.sizes:
-        print(f"burst of {size}: starting a cluster (RUN -c {plan.run_concurrency or size}; logs in {log_dir})",
-              file=sys.stderr, flush=True)
-        cluster = start_cluster(plan, size, log_dir / f"size-{size}", tokenizer, rules)
-        try:
-            run_worker = named(cluster, "run-")
-            time.sleep(2.0)  # let the workers settle (tokenizer preload, first heartbeat)
-            info = {"size": size, "run_rss_started_mb": group_rss_mb(run_worker),
-                    "gateway_rss_started_mb": group_rss_mb(named(cluster, "gateway"))}
-            prompt_ids = prompt_of_job(cluster, tokenizer)
-            if plan.warmup and {"batched", "process"} & set(plan.styles):
-                started = time.perf_counter()
-                run_async(batched(cluster, size, "BURSTWARM", []))
-                info["warmup_s"] = time.perf_counter() - started
-            info["run_rss_warm_mb"] = group_rss_mb(run_worker)
-            result["clusters"].append(info)
-            for round_ in range(plan.repeat):
+        for round_ in range(plan.repeat):
+            for label, tree in (trees if round_ % 2 == 0 else trees[::-1]):
                 order = plan.styles if round_ % 2 == 0 else plan.styles[::-1]
-                for style in order:
-                    result["rows"].append(measure(cluster, plan, size, style, f"BURST r{round_}", prompt_ids))
-        finally:
-            cluster.stop()
+                run_cluster(plan, result, size, round_, label, tree, order, log_dir, tokenizer, rules)
     result["loadavg_after"] = os.getloadavg()
     return result
+
+
+def run_cluster(plan: Plan, result: dict[str, Any], size: int, round_: int, label: str, tree: Path,
+                styles: list[str], log_dir: Path, tokenizer: str, rules: Path) -> None:
+    """One cluster of ``tree``'s service: warm it, measure ``styles`` once each, stop it."""
+    print(f"burst of {size}, round {round_}, {label} tree ({tree}): starting a cluster "
+          f"(RUN -c {plan.run_concurrency or size}; logs in {log_dir})", file=sys.stderr, flush=True)
+    here = os.getcwd()
+    os.chdir(tree)  # `python -m` puts the working directory first on sys.path: the tree's own
+    try:
+        cluster = start_cluster(plan, size, log_dir / f"size-{size}-r{round_}-{label}", tokenizer, rules, tree)
+    finally:
+        os.chdir(here)
+    try:
+        run_worker = named(cluster, "run-")
+        time.sleep(2.0)  # let the workers settle (tokenizer preload, first heartbeat)
+        info = {"size": size, "round": round_, "tree": label, "run_rss_started_mb": group_rss_mb(run_worker),
+                "gateway_rss_started_mb": group_rss_mb(named(cluster, "gateway"))}
+        prompt_ids = prompt_of_job(cluster, tokenizer)
+        if plan.warmup and {"batched", "process"} & set(styles):
+            started = time.perf_counter()
+            run_async(batched(cluster, size, "BURSTWARM", []))
+            info["warmup_s"] = time.perf_counter() - started
+        info["run_rss_warm_mb"] = group_rss_mb(run_worker)
+        result["clusters"].append(info)
+        for style in styles:
+            row = measure(cluster, plan, size, style, f"BURST r{round_}", prompt_ids)
+            row.update(round=round_, tree=label)
+            result["rows"].append(row)
+    finally:
+        cluster.stop()
+
+
+def versus_baseline(result: dict[str, Any]) -> list[str]:
+    """This tree's makespan over the baseline's, per size, style and round."""
+    rows = {(r["size"], r["style"], r.get("round", 0), r.get("tree", "this")): r for r in result["rows"]}
+    lines = []
+    for (size, style, round_, tree), row in sorted(rows.items()):
+        other = rows.get((size, style, round_, "baseline"))
+        if tree == "this" and other is not None and style != "floor":
+            lines.append(f"  {size:>5} {style:<8} round {round_}: makespan {row['makespan_s']:.2f} s vs "
+                         f"{other['makespan_s']:.2f} s = {row['makespan_s'] / other['makespan_s']:.2f}x the "
+                         f"baseline's; last arrival at the LLM {row.get('llm_last_arrival_s', 0):.2f} vs "
+                         f"{other.get('llm_last_arrival_s', 0):.2f} s; RUN CPU/job "
+                         f"{row['cpu_ms_per_job']['run']:.1f} vs {other['cpu_ms_per_job']['run']:.1f} ms")
+    return lines
 
 
 def report(result: dict[str, Any]) -> str:
@@ -454,27 +496,41 @@ def report(result: dict[str, Any]) -> str:
     lines = [f"burst of one-turn math jobs, LLM call {plan['delay_s']:g} s (ideal makespan), "
              f"{result['machine']['cpus']} cores; load {result['machine']['loadavg_before'][0]:.1f} before",
              "",
-             "| jobs | style | makespan | / ideal | peak in flight | gateway RSS peak | RUN CPU/job | RUN RSS idle -> peak | not completed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| tree | jobs | style | makespan | / ideal | peak in flight | gateway RSS peak | RUN CPU/job | "
+             "RUN RSS idle -> peak | not completed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         cpu = row["cpu_ms_per_job"]
-        lines.append(f"| {row['size']} | {row['style']} | {row['makespan_s']:.2f} s | {row['ratio']:.2f}x | "
+        lines.append(f"| {row.get('tree', 'this')} r{row.get('round', 0)} | {row['size']} | {row['style']} | "
+                     f"{row['makespan_s']:.2f} s | {row['ratio']:.2f}x | "
                      f"{row['peak_in_flight']} | {row['gateway_rss_peak_mb']:.0f} MB | {cpu['run']:.1f} ms | "
                      f"{row['run_rss_idle_mb']:.0f} -> {row['run_rss_peak_mb']:.0f} MB | {row['not_completed']} |")
     lines.append("")
     lines.append("CPU ms per job by process (gateway, init, run, eval, llm, client):")
     for row in result["rows"]:
         cpu = row["cpu_ms_per_job"]
-        lines.append(f"  {row['size']:>5} {row['style']:<8} " + "  ".join(f"{k} {cpu[k]:.1f}" for k in
-                                                                       ("gateway", "init", "run", "eval", "llm", "client")))
+        per_process = "  ".join(f"{k} {cpu[k]:.1f}" for k in ("gateway", "init", "run", "eval", "llm", "client"))
+        lines.append(f"  {row.get('tree', 'this'):<8} {row['size']:>5} {row['style']:<8} {per_process}")
+    lines.append("RUN worker per stage (one LLM turn per job): memory per stage in flight = (peak - idle RSS) / "
+                 "peak in flight; CPU per turn = RUN CPU per job")
+    for row in result["rows"]:
+        if row["style"] != "floor" and row["peak_in_flight"]:
+            per_slot_kb = (row["run_rss_peak_mb"] - row["run_rss_idle_mb"]) * 1024 / row["peak_in_flight"]
+            lines.append(f"  {row.get('tree', 'this'):<8} {row['size']:>5} {row['style']:<8} {per_slot_kb:.0f} KB per "
+                         f"stage in flight, {row['cpu_ms_per_job']['run']:.1f} ms CPU per turn")
+    if any(r.get("tree") == "baseline" for r in result["rows"]):
+        lines.append("this tree against the baseline, same round:")
+        lines += versus_baseline(result)
     for info in result["clusters"]:
-        lines.append(f"  cluster {info['size']}: RUN worker RSS at start {info['run_rss_started_mb']:.0f} MB, "
-                     f"after warm-up {info['run_rss_warm_mb']:.0f} MB; gateway {info['gateway_rss_started_mb']:.0f} MB")
+        lines.append(f"  cluster {info['size']} {info.get('tree', 'this')} r{info.get('round', 0)}: RUN worker RSS "
+                     f"at start {info['run_rss_started_mb']:.0f} MB, after warm-up {info['run_rss_warm_mb']:.0f} MB; "
+                     f"gateway {info['gateway_rss_started_mb']:.0f} MB")
     return "\n".join(lines)
 
 
 def passed(result: dict[str, Any]) -> bool:
-    rows = [r for r in result["rows"] if r["size"] == TARGET_SIZE and r["style"] != "floor"]
+    rows = [r for r in result["rows"] if r["size"] == TARGET_SIZE and r["style"] != "floor"
+            and r.get("tree", "this") == "this"]
     return all(r["ratio"] <= TARGET_RATIO and r["peak_in_flight"] >= TARGET_SIZE and not r["not_completed"]
                for r in rows)
 

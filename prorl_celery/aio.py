@@ -1,19 +1,26 @@
-"""An asyncio event loop per worker thread, so async handlers run on Celery's thread pool.
+"""Event loops for the stages: one per worker thread, and one per process that RUN stages share.
 
 The loops are uvloop's when it is installed (it is a dependency) and ``PRORL_UVLOOP`` is not
 ``0``: a RUN stage's tool calls and LLM requests are many small round trips, and uvloop's loop
 costs a third less per tool-server call than asyncio's own (``python -m bench.tools``).
+
+INIT and EVAL stages run on the thread Celery gives them (``run_coro``, on that thread's own
+loop). RUN stages are long and mostly wait on the LLM, so a RUN worker runs them all as tasks of
+one :class:`StageLoop`: a thousand of them cost a thousand coroutines, not a thousand threads
+contending for the GIL (``python -m bench.burst``).
 """
 from __future__ import annotations
 
 import asyncio
-import os
+import concurrent.futures
+import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 _local = threading.local()
+log = logging.getLogger(__name__)
 
 
 def thread_loop() -> asyncio.AbstractEventLoop:
@@ -25,7 +32,9 @@ def thread_loop() -> asyncio.AbstractEventLoop:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop unless it is missing or ``PRORL_UVLOOP=0``; asyncio's otherwise."""
-    if os.environ.get("PRORL_UVLOOP", "1") != "0":
+    from .settings import get_settings
+
+    if get_settings().uvloop:
         try:
             import uvloop
         except ImportError:
@@ -42,3 +51,156 @@ def run_coro(coro: Coroutine[Any, Any, T]) -> T:
     the next stage this thread executes.
     """
     return thread_loop().run_until_complete(coro)
+
+
+class StageClosed(Exception):
+    """The stage loop takes no more stages: the worker is shutting down."""
+
+
+class StageLoop:
+    """One event loop, on a thread of its own, running at most ``slots`` stages at once.
+
+    ``admit`` is called from a Celery pool thread: it takes a slot (waiting while all are
+    busy), lets the caller claim the job, and schedules the stage coroutine it gets back; the
+    slot is free again when that coroutine ends. The slots are the worker's backpressure: the
+    consumer fetches a message only while one is free (``free``), so a worker never holds more
+    stages than it can run.
+    """
+
+    def __init__(self, slots: int, name: str = "prorl-stages") -> None:
+        if slots < 1:
+            raise ValueError("a stage loop needs at least one slot")
+        self.slots = slots
+        self.name = name
+        self._busy = 0
+        self._closed = False
+        self._changed = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop (started on first use)."""
+        if self._loop is None:
+            with self._start_lock:
+                if self._loop is None:
+                    self._loop = self._start()
+        return self._loop
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = new_event_loop()
+        # asyncio.to_thread (sandbox start and stop) runs on the loop's default executor: with
+        # every stage on one loop, its default of cpus + 4 threads would queue a burst of
+        # sandbox stops behind each other (each may wait seconds for SIGTERM to take)
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(32, self.slots), thread_name_prefix=f"{self.name}-io"))
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            while True:
+                try:
+                    loop.run_forever()
+                    return
+                except BaseException:  # noqa: BLE001 - the loop of every stage must go on
+                    # a task that raises SystemExit or KeyboardInterrupt (a handler's own task,
+                    # which no stage's try can catch) stops run_forever: the task keeps the
+                    # exception, so the stage awaiting it ends its job, and the loop runs again
+                    log.exception("a stage task stopped %s; it runs on", self.name)
+
+        threading.Thread(target=serve, name=self.name, daemon=True).start()
+        ready.wait()
+        return loop
+
+    @property
+    def busy(self) -> int:
+        """Stages running now."""
+        return self._busy
+
+    def free(self) -> int:
+        """Slots free now (0 once closed)."""
+        return 0 if self._closed else max(0, self.slots - self._busy)
+
+    def admit(self, start: Callable[[asyncio.AbstractEventLoop], Coroutine[Any, Any, None] | None]) -> bool:
+        """Take a slot, waiting for one; then ``start(loop)`` claims the stage and returns its
+        coroutine (None: nothing to run), which runs on the loop holding the slot.
+
+        Returns whether a stage was started. Raises :class:`StageClosed` without calling
+        ``start`` once the loop is closed, also while waiting for a slot."""
+        with self._changed:
+            while not self._closed and self._busy >= self.slots:
+                self._changed.wait()
+            if self._closed:
+                raise StageClosed(f"{self.name} is closed")
+            self._busy += 1
+        try:
+            coro = start(self.loop)
+        except BaseException:
+            self._release()
+            raise
+        if coro is None:
+            self._release()
+            return False
+        asyncio.run_coroutine_threadsafe(self._holding_slot(coro), self.loop)
+        return True
+
+    async def _holding_slot(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # noqa: BLE001 - one stage's crash must not stop the loop of all
+            # (SystemExit or KeyboardInterrupt raised in a task would end run_forever)
+            log.exception("a stage on %s crashed", self.name)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._changed:
+            self._busy -= 1
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Take no more stages (waiters get :class:`StageClosed`); running ones go on."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no stage runs, or ``timeout_s`` passes; returns whether idle."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._busy == 0, timeout_s)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run ``coro`` on the loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
+
+_stage_loop: StageLoop | None = None
+_stage_loop_lock = threading.Lock()
+
+
+def configure_stage_loop(slots: int) -> StageLoop:
+    """Set this process's RUN stage loop to ``slots`` (a worker does it at start-up)."""
+    global _stage_loop
+    with _stage_loop_lock:
+        if _stage_loop is None:
+            _stage_loop = StageLoop(slots)
+        else:
+            with _stage_loop._changed:
+                _stage_loop.slots = slots
+                _stage_loop._changed.notify_all()
+        return _stage_loop
+
+
+def stage_loop(default_slots: int = 64) -> StageLoop:
+    """This process's RUN stage loop (``default_slots`` when no worker configured it)."""
+    with _stage_loop_lock:
+        if _stage_loop is not None:
+            return _stage_loop
+    return configure_stage_loop(default_slots)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from celery import Celery
+from celery import Celery, bootsteps
 from kombu import Queue
 from kombu.transport import redis as kombu_redis
 
@@ -47,6 +47,29 @@ def _transport_for(url: str) -> type | None:
     return RedisTransport if urlsplit(url).scheme in ("redis", "rediss") else None
 
 
+class RunSlotGate(bootsteps.StartStopStep):
+    """A RUN worker fetches a message only while a slot of its stage loop is free for it.
+
+    Its RUN tasks return as soon as their stage is admitted to the loop, so Celery's own limit
+    (``worker_disable_prefetch``: no more fetched-but-unfinished tasks than ``-c``) would let
+    it take ``-c`` messages more than it can run and sit on them; this one counts the stages
+    running on the loop too. It wraps the channel's ``can_consume`` as that setting does."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, parent) -> None:
+        if Stage.RUN.value not in parent.app.amqp.queues.consume_from or parent.task_consumer is None:
+            return
+        from celery.worker import state
+
+        from .aio import stage_loop
+        loop = stage_loop(get_settings().run_slots or parent.controller.concurrency)
+        qos = parent.task_consumer.channel.qos
+        fetch_allowed = qos.can_consume
+        # reserved: fetched and not yet admitted (or an INIT/EVAL task of a mixed worker)
+        qos.can_consume = lambda: loop.free() > len(state.reserved_requests) and fetch_allowed()
+
+
 def create_celery(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """The stage queues' Celery app on ``settings``' broker (default: the environment's)."""
     settings = settings or get_settings()
@@ -54,6 +77,7 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
     # start-up signals fire; nothing else that imports the app loads them
     app = Celery("prorl_celery", broker=settings.effective_broker_url,
                  include=["prorl_celery.tasks", "prorl_celery.workers"], set_as_current=set_as_current)
+    app.steps["consumer"].add(RunSlotGate)
     transport = {
         # stages are acked when they start, so only fetched-but-not-started messages are unacked:
         # a killed worker's prefetched stages come back after this, and a copy still waiting in

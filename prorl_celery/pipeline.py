@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
@@ -34,9 +34,20 @@ T = TypeVar("T")
 
 
 def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -> None:
-    services = services or get_services()
+    """Run one stage of a job to its end on this thread's event loop."""
+    work = begin_stage(stage, job_id, services or get_services(), thread_loop())
+    if work is not None:
+        run_coro(work)
+
+
+def begin_stage(stage: Stage, job_id: str, services: Services,
+                loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None] | None:
+    """Claim ``job_id`` for ``stage`` and return the stage's coroutine, to be run on ``loop``
+    (where its cancel signal is set); None when there is nothing to run (a redelivered or
+    cancelled job is skipped, a task this worker lacks ends the job)."""
     # watch before claiming: a cancel landing right after the claim still wakes the stage
-    cancelled = services.cancel_watcher.watch(job_id, thread_loop())
+    cancelled = services.cancel_watcher.watch(job_id, loop)
+    work = None
     try:
         node = services.settings.node  # <stage>_node: where each stage of this attempt ran
         claim = services.store.claim_stage(job_id, stage, {"node": node, f"{stage.value}_node": node,
@@ -45,25 +56,45 @@ def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -
             log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
             if stage is Stage.RUN and claim.previous:
                 _close_abandoned_sandboxes(services, job_id, claim.previous)
-            return
-        services.leases.hold(job_id)
-        started = time.monotonic()
+            return None
+        record = claim.record
+        assert record is not None  # a successful claim carries the record
+        job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
         try:
-            record = claim.record
-            assert record is not None  # a successful claim carries the record
-            job = job_context(record, deadline=started + claim.budget_left_s)
-            try:
-                handler = get_handler(record.task)
-            except UnknownTask as error:  # a plug-in missing on this worker: say so, now
-                services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
-                    stage.value, f"this worker cannot run the task: {error}"))
-                return
-            run_coro(_STAGES[stage](services, handler, job, record, cancelled))
-        finally:
-            services.leases.release(job_id)
-            services.metrics.observe_stage(stage.value, time.monotonic() - started)
+            handler = get_handler(record.task)
+        except UnknownTask as error:  # a plug-in missing on this worker: say so, now
+            services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
+                stage.value, f"this worker cannot run the task: {error}"))
+            return None
+        work = _staged(stage, services, handler, job, record, cancelled)
+        return work
     finally:
-        services.cancel_watcher.unwatch(job_id, cancelled)
+        if work is None:
+            services.cancel_watcher.unwatch(job_id, cancelled)
+
+
+async def _staged(stage: Stage, services: Services, handler: AgentHandler, job: JobContext,
+                  record: JobRecord, cancelled: asyncio.Event) -> None:
+    """A claimed stage, holding the job's lease while it runs."""
+    services.leases.hold(job.job_id)
+    started = time.monotonic()
+    try:
+        await _STAGES[stage](services, handler, job, record, cancelled)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:  # noqa: BLE001 - outside the handler's own error paths
+        # (a bug, Redis away longer than a transition retries): end the job now rather than
+        # leave it running until its lease runs out, and keep the loop other stages share
+        log.exception("%s of job %s crashed", stage.value, job.job_id)
+        try:
+            services.store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
+                stage.value, f"{stage.value} crashed: {describe(error)}", extra=_handler_extras(handler, job)))
+        except Exception:  # noqa: BLE001 - the lease reaper ends it once Redis answers
+            log.exception("cannot end job %s after its %s crashed", job.job_id, stage.value)
+    finally:
+        services.leases.release(job.job_id)
+        services.metrics.observe_stage(stage.value, time.monotonic() - started)
+        services.cancel_watcher.unwatch(job.job_id, cancelled)
 
 
 def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatus) -> None:
@@ -203,7 +234,7 @@ async def wait_for_backend(services: Services, job: JobContext) -> Assignment:
     Called under ``bounded``: the job's budget ends the wait as a timeout whose error says
     that no backend was registered.
     """
-    while (assignment := services.pool.acquire()) is None:
+    while (assignment := services.pool.acquire(job.job_id, job.attempt)) is None:
         await asyncio.sleep(services.settings.backend_wait_poll_s)
     return assignment
 
@@ -232,9 +263,8 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     ended = outcome(None, None)
     try:
         if handler.uses_llm:
+            # the assignment is written to the job's record as it is taken (one round trip)
             assignment = await bounded(job, cancelled, wait_for_backend(services, job))
-            store.update(job.job_id, {"backend": assignment.address, "backend_protocol": assignment.protocol,
-                                      "generation": assignment.generation}, status=JobStatus.RUN, attempt=job.attempt)
             session = open_session(services, job, assignment)
             await bounded(job, cancelled, session.fit_backend_context())
         if record.sandbox:

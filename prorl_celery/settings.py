@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(5.0, gt=0, description="how often the lease reaper looks")
     heartbeat_s: float = Field(5.0, gt=0, description="worker heartbeat period; silent for 6 of them = dead")
 
+    run_slots: int | None = Field(
+        None, ge=1, description="RUN stages one RUN worker process runs at once on its shared event loop; "
+        "default: the worker's -c")
+
     task_events: bool = Field(False, description="workers send Celery task events (Flower) from start")
 
     runtime: str = Field("auto", description="sandbox runtime: auto | bubblewrap | apptainer | process")

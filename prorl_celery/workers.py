@@ -17,6 +17,7 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 from handlers import load_handlers, registry
 
 from . import keys
+from .aio import configure_stage_loop, stage_loop
 from .celery_app import enqueue, node_queue
 from .leases import Reaper, give_up
 from .nodes import STALE_BEATS
@@ -50,6 +51,10 @@ def add_node_queue(sender: str, instance, **_: object) -> None:
         # EVAL keep prefetching: their stages are short, and without prefetch a full threads
         # pool re-polls only once a second (bench/scale.py: 0.62x instead of 1.38x).
         instance.app.conf.worker_disable_prefetch = True
+        # every RUN stage of the process runs on one event loop; -c threads only admit them
+        slots = get_services().settings.run_slots or instance.concurrency
+        configure_stage_loop(slots)
+        log.info("RUN worker %s runs up to %d RUN stages at once on one event loop", sender, slots)
 
 
 @worker_ready.connect
@@ -74,6 +79,7 @@ def hand_back_on_shutdown(**_: object) -> None:
     """SIGTERM (Slurm's warning before SIGKILL): Celery stops taking jobs and waits for running
     stages; those still running after the grace period are handed back (retried from INIT while
     attempts remain, else failed) and aborted, which closes their sandboxes and backends."""
+    stage_loop().close()  # RUN messages not yet claimed go back to the queue
     threading.Thread(target=_hand_back_after_grace, name="prorl-shutdown", daemon=True).start()
 
 
@@ -93,12 +99,32 @@ def _hand_back_after_grace() -> None:
 
 @worker_shutdown.connect
 def stop_heartbeat(**_: object) -> None:
+    _drain_stage_loop()
     _stop.set()
     try:
         redis = get_services().redis
         redis.zrem(keys.WORKERS, _worker_name.get("name", ""))
     except Exception:  # noqa: BLE001 - shutting down anyway
         pass
+
+
+#: after the grace period, time the handed-back RUN stages get to close their sandboxes
+ABORT_S = 15.0
+
+
+def _drain_stage_loop() -> None:
+    """Celery's warm shutdown waits for its pool threads, but RUN stages run on the stage loop:
+    keep the process alive until they end (they finish, or are handed back after the grace
+    period by ``hand_back_on_shutdown`` and abort), as a threads pool worker would."""
+    loop = stage_loop()
+    if loop.busy and not loop.wait_idle(get_services().settings.shutdown_grace_s + ABORT_S):
+        log.warning("%d RUN stages still running at exit; their leases will expire", loop.busy)
+    if loop.started:
+        from .llm.backends import close_http_client
+        try:
+            loop.call(close_http_client(), timeout_s=5)
+        except Exception as error:  # noqa: BLE001 - exiting anyway
+            log.warning("cannot close the LLM HTTP session: %s", error)
 
 
 def _reap_sandboxes() -> None:

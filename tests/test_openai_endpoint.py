@@ -9,6 +9,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 
@@ -55,7 +56,7 @@ class Harness:
         self.socket = self.dir / "llm.sock"
 
     async def __aenter__(self) -> Harness:
-        self.http = httpx.AsyncClient(timeout=60)
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
         self.session = TokenSession(tokenizer=load_tokenizer(self.tokenizer),
                                     backend=VLLMBackend(self.server.url + "/v1", self.http),
                                     sampling_params={"max_tokens": 256}, max_model_len=32768, default_max_tokens=256)
@@ -73,7 +74,7 @@ class Harness:
     async def __aexit__(self, *exc) -> None:
         await self.client.aclose()
         await self.served.close()
-        await self.http.aclose()
+        await self.http.close()
 
     async def chat(self, messages, tools=None, **extra) -> dict:
         body = {"model": "policy", "messages": messages, **({"tools": tools} if tools else {}), **extra}
@@ -244,9 +245,11 @@ def test_limits_max_calls_and_close_aborts_the_pending_call(backend, tok):
             stop = await h.client.get("/_prorl/control")
             assert stop.json() == {"stop": "max_iterations"}
         async with Harness(backend, tok) as h:
+            served = len(log_of(backend))
             pending = asyncio.ensure_future(h.client.post("/v1/chat/completions",
                                                           json={"messages": [{"role": "user", "content": "E2E-SLOW"}]}))
-            while not h.endpoint._inflight:
+            # the call is in flight at the backend (not only in the endpoint): then close
+            while not h.endpoint._inflight or len(log_of(backend)) == served:
                 await asyncio.sleep(0.01)
             loop = asyncio.get_running_loop()
             started = loop.time()

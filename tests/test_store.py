@@ -147,6 +147,25 @@ def test_pool_balances_concurrent_acquisitions(client):
     assert {b.in_flight for b in pool.list()} == {100}
 
 
+def test_acquire_writes_the_assignment_to_the_job_only_on_its_attempt_in_run(client, store):
+    pool = BackendPool(client)
+    pool.add("http://a/v1", "sglang")
+    new_job(store, "j1")
+    for stage in (Stage.INIT, Stage.RUN):
+        assert store.claim_stage("j1", stage).ok
+        if stage is Stage.INIT:
+            assert store.hand_over("j1", Stage.INIT).ok
+    assert pool.acquire("j1", attempt=2).address == "http://a/v1"  # another attempt: counted, not written
+    assert client.hget(keys.job("j1"), "backend") is None
+    assert pool.acquire("j1", attempt=1).protocol == "sglang"
+    assert client.hmget(keys.job("j1"), ["backend", "backend_protocol", "generation"]) == ["http://a/v1", "sglang", "0"]
+    store.finish("j1", JobStatus.CANCELLED)
+    client.hdel(keys.job("j1"), "backend")
+    pool.acquire("j1", attempt=1)  # no longer in RUN
+    assert client.hget(keys.job("j1"), "backend") is None
+    assert [b.in_flight for b in pool.list()] == [3]
+
+
 def test_new_backend_starts_at_the_lowest_count_and_clear_bumps_generation(client):
     pool = BackendPool(client)
     pool.add("http://a/v1")

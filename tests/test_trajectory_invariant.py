@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp import web
 
 from prorl_celery.errors import BackendError
 from prorl_celery.llm.backends import Completion, LlamaCppBackend, SGLangBackend, VLLMBackend
@@ -36,7 +38,7 @@ def prompt(tok, text: str) -> list[int]:
 
 def complete(backend_class, server, ids: list[int]) -> Completion:
     async def go() -> Completion:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
             address = server.url + ("/v1" if backend_class is VLLMBackend else "")
             return await backend_class(address, client).complete(ids, {"max_tokens": 32, "temperature": 0})
     return asyncio.run(go())
@@ -95,22 +97,33 @@ def test_vllm_adapter_rereads_the_model_after_a_restart_on_another_model():
 
     seen = []
 
-    def vllm(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "policy-v2", "max_model_len": 4096}]})
-        model = __import__("json").loads(request.content)["model"]
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "policy-v2", "max_model_len": 4096}]})
+
+    async def completions(request: web.Request) -> web.Response:
+        model = (await request.json())["model"]
         seen.append(model)
         if model != "policy-v2":
-            return httpx.Response(404, json={"message": f"The model `{model}` does not exist."})
-        return httpx.Response(200, json={"choices": [{"token_ids": [5, 6], "finish_reason": "stop",
-                                                      "logprobs": {"token_logprobs": [-0.5, -0.25]}}]})
-
-    address = "http://restarted:8000/v1"
-    backends._model_cards[address] = {"id": "policy-v1"}  # what the worker read before the restart
+            return web.json_response({"message": f"The model `{model}` does not exist."}, status=404)
+        return web.json_response({"choices": [{"token_ids": [5, 6], "finish_reason": "stop",
+                                               "logprobs": {"token_logprobs": [-0.5, -0.25]}}]})
 
     async def go() -> Completion:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(vllm)) as client:
-            return await VLLMBackend(address, client).complete([1, 2], {"max_tokens": 4})
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        address = f"http://127.0.0.1:{port}/v1"
+        backends._model_cards[address] = {"id": "policy-v1"}  # what the worker read before the restart
+        try:
+            async with aiohttp.ClientSession() as client:
+                return await VLLMBackend(address, client).complete([1, 2], {"max_tokens": 4})
+        finally:
+            await runner.cleanup()
     completion = asyncio.run(go())
     assert seen == ["policy-v1", "policy-v2"] and completion.token_ids == [5, 6]
     assert completion.logprobs == [-0.5, -0.25]

@@ -14,15 +14,20 @@ llamacpp   POST <base>/completion      ``prompt`` as ids, ``n_probs``, ``return_
 
 Cancelling the awaiting task closes the HTTP connection, which is how the server learns that
 the request is aborted.
+
+The HTTP client is aiohttp's, one session per event loop: a RUN worker's thousand stages share
+one loop, and httpx's connection pool costs time linear in its connections for every request
+(2.5-3 ms of CPU per request at a thousand in flight, against aiohttp's 0.45 ms; bench/README).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
+import aiohttp
 
 from ..errors import BackendError
 from ..sampling import SAMPLER_KEYS
@@ -67,20 +72,25 @@ _context_lengths: dict[str, int | None] = {}
 class _HTTPBackend:
     path = ""
 
-    def __init__(self, address: str, client: httpx.AsyncClient) -> None:
+    def __init__(self, address: str, client: aiohttp.ClientSession) -> None:
         self.address = address
         self.url = base_url(address) + self.path
         self.client = client
 
+    async def _get(self, url: str) -> Any:
+        async with self.client.get(url) as response:
+            return json.loads(await response.read())
+
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            response = await self.client.post(self.url, json=body)
-        except httpx.HTTPError as error:
+            async with self.client.post(self.url, json=body) as response:
+                status, data = response.status, await response.read()
+        except (TimeoutError, aiohttp.ClientError) as error:
             raise BackendError(f"LLM server {self.address} unreachable: {type(error).__name__}: {error}") from error
-        if response.status_code != 200:
-            raise BackendError(f"LLM server {self.address} answered {response.status_code}: {response.text[:500]}",
-                               status_code=response.status_code)
-        return response.json()
+        if status != 200:
+            text = data.decode("utf-8", "replace")
+            raise BackendError(f"LLM server {self.address} answered {status}: {text[:500]}", status_code=status)
+        return json.loads(data)
 
     def forget_model_card(self) -> None:
         """The server at this address was restarted, maybe on other weights or another length."""
@@ -91,9 +101,9 @@ class _HTTPBackend:
         card = _model_cards.get(self.address)
         if card is None:
             try:
-                response = await self.client.get(base_url(self.address) + "/v1/models")
-                card = _model_cards[self.address] = dict(response.json()["data"][0])
-            except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as error:
+                reply = await self._get(base_url(self.address) + "/v1/models")
+                card = _model_cards[self.address] = dict(reply["data"][0])
+            except (TimeoutError, aiohttp.ClientError, KeyError, IndexError, ValueError, TypeError) as error:
                 raise BackendError(f"cannot read the served model of {self.address}: {error}") from error
         return card
 
@@ -185,9 +195,9 @@ class LlamaCppBackend(_HTTPBackend):
         if self.address not in _context_lengths:
             value = None
             try:
-                props = (await self.client.get(base_url(self.address) + "/props")).json()
+                props = await self._get(base_url(self.address) + "/props")
                 value = props.get("default_generation_settings", {}).get("n_ctx") or props.get("n_ctx")
-            except (httpx.HTTPError, ValueError, AttributeError):
+            except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
                 pass
             _context_lengths[self.address] = int(value) if isinstance(value, int) and value > 0 else None
         return _context_lengths[self.address]
@@ -201,14 +211,32 @@ _ADAPTERS = {"vllm": VLLMBackend, "sglang": SGLangBackend, "llamacpp": LlamaCppB
 _local = threading.local()
 
 
-def http_client(timeout_s: float) -> httpx.AsyncClient:
-    """One AsyncClient per worker thread's event loop (httpx clients are loop-bound)."""
+def http_client(timeout_s: float) -> aiohttp.ClientSession:
+    """One HTTP session per event loop (sessions are loop-bound), shared by every stage of the
+    RUN worker's loop.
+
+    No cap on connections: a request is one stage's turn, and the stage loop's slots already
+    bound how many run at once (a cap would queue turns inside the client, unseen by the slots).
+    ``timeout_s`` bounds connecting and each wait for data, as httpx's timeout did."""
     loop = asyncio.get_running_loop()
     cached = getattr(_local, "client", None)
-    if cached is None or cached[0] is not loop:
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-        _local.client = (loop, httpx.AsyncClient(timeout=timeout_s, limits=limits))
+    if cached is None or cached[0] is not loop or cached[1].closed:
+        # a connection per request, none kept alive: aiohttp learns that the server closed an
+        # idle one only when its loop gets to the FIN, which on a loop busy with a thousand
+        # stages came after the connection was reused (the request failed: "Can not write
+        # request body"); a turn takes seconds, a loopback or LAN connect a fraction of a ms
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+        _local.client = (loop, aiohttp.ClientSession(connector=connector, timeout=timeout))
     return _local.client[1]
+
+
+async def close_http_client() -> None:
+    """Close this loop's HTTP session (a worker shutting down: no "unclosed session" warnings)."""
+    cached = getattr(_local, "client", None)
+    if cached is not None and cached[0] is asyncio.get_running_loop():
+        _local.client = None
+        await cached[1].close()
 
 
 def make_backend(address: str, protocol: str, *, timeout_s: float) -> LLMBackend:

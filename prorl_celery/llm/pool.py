@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from .. import keys
+from ..status import JobStatus
 from ..store import load_script
 from .backends import base_url
 
@@ -81,9 +82,17 @@ class BackendPool:
     def generation(self) -> int:
         return int(self.redis.get(keys.LLM_GENERATION) or 0)
 
-    def acquire(self) -> Assignment | None:
-        """Take the least-assigned backend for one job, or None when none is registered."""
-        reply = self._acquire(keys=[keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_INFLIGHT, keys.LLM_GENERATION])
+    def acquire(self, job_id: str | None = None, attempt: int = 1) -> Assignment | None:
+        """Take the least-assigned backend for one job, or None when none is registered.
+
+        Given ``job_id``, the assignment is also written to the job's record in the same round
+        trip, while the job is in RUN on ``attempt`` (a given-up attempt cannot overwrite the
+        retried job's)."""
+        route = [keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_INFLIGHT, keys.LLM_GENERATION]
+        if job_id is None:
+            reply = self._acquire(keys=route)
+        else:
+            reply = self._acquire(keys=[*route, keys.job(job_id)], args=[JobStatus.RUN.value, attempt])
         if not reply:
             return None
         address, protocol, generation = reply

@@ -20,6 +20,8 @@ class FaultHandler(AgentHandler):
             await asyncio.sleep(float(job.instance.get(f"{stage}_sleep_s", 0)))
         if job.instance.get("fail") == stage:
             raise RuntimeError(f"scripted failure in {stage}")
+        if job.instance.get("crash") == stage:  # past every handler error path: a crashed stage
+            raise SystemExit(f"scripted crash in {stage}")
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """``"sandbox": true`` in the instance: INIT starts one, RUN (on that node) holds it."""
