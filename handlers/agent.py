@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 from handlers.base import ChatLLM, JobContext
 from handlers.tool_calls import ToolCall, ToolCallError, function_tool, parse_tool_calls
@@ -64,6 +64,10 @@ FINISH_TOOL = Tool(
     "what you changed).", {"answer": {"type": "string", "description": "the final answer"}}, (), _finish)
 
 
+@overload
+def string_argument(arguments: dict[str, Any], name: str, *, required: Literal[True] = True) -> str: ...
+@overload
+def string_argument(arguments: dict[str, Any], name: str, *, required: bool) -> str | None: ...
 def string_argument(arguments: dict[str, Any], name: str, *, required: bool = True) -> str | None:
     """The string argument ``name`` of a tool call, or ToolArgumentError naming it."""
     value = arguments.get(name)
@@ -132,6 +136,7 @@ class AgentLoop:
                 outcome.finish_reason = stop
                 break
             if nudge_due:
+                assert self.nudge is not None, "nudge_due is set only when there is a nudge"
                 llm.add_message("user", self.nudge)
                 nudge_due = False
             generation = await llm.generate()

@@ -6,7 +6,7 @@ what it needs as arguments:
 
     parse_instance(instance)  -> the instance in the handler's own shape (job.parsed_instance)
     init(job)                 -> dict            stored as job.init_result
-    run(job, llm)             -> dict            stored as job.run_result
+    run(job, llm)             -> dict            stored as job.run_result (llm: None when uses_llm is False)
     eval(job)                 -> EvalResult      reward and details
     <stage>_exception(job, e) -> fallback of the same type, so the job still ends well-formed
     final_result(job)         -> dict            extra fields merged into the job's final result
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class ChatLLM(Protocol):
     @property
     def context_left(self) -> int:
         """Tokens left before the model's context length is reached."""
+
+
+#: what RUN's ``llm`` is for a handler class: ``ChatLLM`` (the pipeline's conversation) when it
+#: uses an LLM, ``None`` when it sets ``uses_llm = False``; see ``AgentHandler``
+LLMT = TypeVar("LLMT", bound=ChatLLM | None)
 
 
 @dataclass
@@ -110,8 +115,13 @@ class EvalResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class AgentHandler:
+class AgentHandler(Generic[LLMT]):
     """Base class of every task handler; subclasses override the three stages.
+
+    RUN gets the job's conversation when the class uses an LLM (``uses_llm``, the default) and
+    None when it does not, so a typed handler says which it is: ``AgentHandler[ChatLLM]`` for
+    the former, ``AgentHandler[None]`` with ``uses_llm = False`` for the latter. A bare
+    ``AgentHandler`` leaves ``llm`` untyped.
 
     Register a handler under a task name with the setuptools entry point group
     ``prorl.handlers`` (``math = handlers.math:MathHandler``), so a new task family is a
@@ -162,7 +172,7 @@ class AgentHandler:
     async def init(self, job: JobContext) -> dict[str, Any]:
         return {}
 
-    async def run(self, job: JobContext, llm: ChatLLM | None) -> dict[str, Any]:
+    async def run(self, job: JobContext, llm: LLMT) -> dict[str, Any]:
         raise NotImplementedError
 
     async def eval(self, job: JobContext) -> EvalResult:

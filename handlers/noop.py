@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext
+from handlers.base import AgentHandler, EvalResult, JobContext
 
 
-class NoopHandler(AgentHandler):
+class NoopHandler(AgentHandler[None]):
     """Task ``noop``: every stage returns at once."""
 
     name: ClassVar[str] = "noop"
@@ -23,7 +23,7 @@ class NoopHandler(AgentHandler):
         """Return ``{}``."""
         return {}
 
-    async def run(self, job: JobContext, llm: ChatLLM | None) -> dict[str, Any]:
+    async def run(self, job: JobContext, llm: None) -> dict[str, Any]:
         """Return ``{}`` without touching ``llm`` (no backend is needed)."""
         return {}
 

@@ -83,12 +83,14 @@ def test_verl_rows_in_the_deepcoder_eurus_livecodebench_and_taco_shapes():
     assert by_source["deepcoder"].messages == row["prompt"]  # the dataset's prompt, unchanged
     assert by_source["deepcoder"].metadata["extra_info"]["reference_id"] == "code-005"
     # the same row with the ground truth as a decoded value instead of a JSON string
-    decoded = {**row, "reward_model": {"style": "rule", "ground_truth": json.loads(row["reward_model"]["ground_truth"])}}
+    ground_truth = json.loads(row["reward_model"]["ground_truth"])
+    decoded = {**row, "reward_model": {"style": "rule", "ground_truth": ground_truth}}
     assert normalize_instance(decoded).tests == by_source["deepcoder"].tests
 
 
 def test_taco_primeintellect_and_codeforces_rows():
-    taco = normalize_instance({"question": "Add.", "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}),
+    taco = normalize_instance({"question": "Add.",
+                               "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}),
                                "time_limit": "1 second", "memory_limit": "128 megabytes"})
     assert (taco.style, taco.time_limit_s, taco.memory_mb) == ("stdio", 1.0, 128)
     prime = normalize_instance({"prompt": "Double it.", "verification_info": json.dumps({"test_cases": [
@@ -201,7 +203,8 @@ def sandbox(tmp_path_factory):
     if not BubblewrapRuntime().available():
         pytest.fail(f"bubblewrap must work here: {BubblewrapRuntime().available().reason}")
     tmp = tmp_path_factory.mktemp("code")
-    runtime = BubblewrapRuntime(ledger=FileSandboxLedger(tmp / "ledger"), allocator=FileAddressAllocator(tmp / "a.json"),
+    runtime = BubblewrapRuntime(ledger=FileSandboxLedger(tmp / "ledger"),
+                                allocator=FileAddressAllocator(tmp / "a.json"),
                                 node="code-test", state_dir=tmp / "state")
     (tmp / "ws").mkdir()
     spec = SandboxSpec(image="dev", workspace=str(tmp / "ws"), job_id="code-test",
@@ -225,7 +228,8 @@ def test_every_shipped_problem_passes_its_reference_and_fails_a_wrong_solution(s
     for problem_id, problem in PROBLEMS.items():
         right = evaluate(sandbox, problem, SOLUTIONS[problem_id]["reference"])
         assert right.reward == 1.0, (problem_id, right.details)
-        assert right.details["fraction_passed"] == 1.0 and len(right.details["verdicts"]) == len(judge_tests(normalize_instance(problem)))
+        assert right.details["fraction_passed"] == 1.0
+        assert len(right.details["verdicts"]) == len(judge_tests(normalize_instance(problem)))
         wrong = evaluate(sandbox, problem, SOLUTIONS[problem_id]["wrong"])
         assert wrong.reward == 0.0, problem_id
         assert wrong.details["passed"] < wrong.details["total"]
@@ -318,11 +322,13 @@ def test_pytest_style_needs_the_harness_to_report_success(sandbox):
     assert cheat.reward == 0.0 and cheat.details["verdicts"][0]["verdict"] == "runtime_error"
     assert "no result" in cheat.details["verdicts"][0]["reason"]
     wrong = evaluate(sandbox, instance, "def f(x):\n    return x + 3\n")
-    assert wrong.details["verdicts"][0]["verdict"] == "wrong_answer" and "AssertionError" in wrong.details["verdicts"][0]["reason"]
+    first = wrong.details["verdicts"][0]
+    assert first["verdict"] == "wrong_answer" and "AssertionError" in first["reason"]
 
 
 def test_call_style_with_a_solution_class_and_runtime_errors(sandbox):
-    instance = {"problem": "Halve.", "fn_name": "half", "tests": [{"input": [4], "output": 2}, {"input": [0], "output": 0}]}
+    instance = {"problem": "Halve.", "fn_name": "half",
+                "tests": [{"input": [4], "output": 2}, {"input": [0], "output": 0}]}
     assert evaluate(sandbox, instance, "class Solution:\n    def half(self, x):\n        return x // 2\n").reward == 1.0
     broken = evaluate(sandbox, instance, "def half(x):\n    return x // 3 + 8 // x\n")
     assert [v["verdict"] for v in broken.details["verdicts"]] == ["wrong_answer", "runtime_error"]

@@ -25,7 +25,6 @@ from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_unt
 from prorl_celery.node_sandboxes import RedisSandboxLedger
 from prorl_celery.status import JobStatus, Stage
 from singularity.runtime import SandboxRecord, procfs
-
 from tests.support.services import ROOT, Gateway, eventually, start_llm_server
 
 RUN_CONCURRENCY = 64
@@ -155,6 +154,7 @@ def test_stale_record_never_matches_a_newer_sandbox_by_its_reused_namespace_inod
     used to kill whichever newer sandbox got that inode. Simulated: a record whose processes are
     gone but whose pidns is a live sandbox's."""
     import asyncio
+
     from singularity.runtime import BubblewrapRuntime, SandboxSpec
 
     async def check() -> None:

@@ -14,13 +14,13 @@ from handlers.stem import (
     CORPUS_MOUNT,
     DATA_DIR,
     StemHandler,
+    build_data,
     extract_answer,
     grade,
     normalize_instance,
     normalize_text,
     parse_number,
 )
-from handlers.stem import build_data
 from handlers.stem.instances import CHOICE_SUFFIX, DEFAULT_TOLERANCE, MAX_ITERATIONS_CAP, SHAPE_HINT
 from singularity.toolserver.search import BM25Backend
 
@@ -211,7 +211,8 @@ def test_invalid_instances_name_the_field(instance: Any, message: str) -> None:
 
 def test_max_iterations_default_and_cap() -> None:
     assert normalize_instance({"question": "q", "answer": "x"}).max_iterations == 8
-    assert normalize_instance({"question": "q", "answer": "x", "max_iterations": 999}).max_iterations == MAX_ITERATIONS_CAP
+    capped = normalize_instance({"question": "q", "answer": "x", "max_iterations": 999})
+    assert capped.max_iterations == MAX_ITERATIONS_CAP
 
 
 # --- the handler -----------------------------------------------------------------------------

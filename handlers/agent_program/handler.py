@@ -16,12 +16,15 @@ import json
 import secrets
 import shlex
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from handlers.agent_program.instances import TASK_DIR, TASK_FILE, AgentInstance, normalize_instance
-from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, SandboxRequest
+from handlers.base import AgentHandler, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
 from handlers.swe.handler import BUNDLE_MOUNT, SweHandler, checkout_command
+
+if TYPE_CHECKING:  # the LLM layer is imported by run alone, when a job runs
+    from prorl_celery.llm.session import TokenSession
 
 #: the endpoint's socket, next to the tool server's (the directory is bound into the sandbox)
 ENDPOINT_SOCKET = "llm.sock"
@@ -33,7 +36,9 @@ LOG_TAIL_BYTES = 8000
 COLLECT_S = 30.0
 
 
-class AgentProgramHandler(AgentHandler):
+# RUN's llm is the pipeline's TokenSession itself (pipeline.open_session): the endpoint needs its
+# token-level side (ids, segments, drift events), not only the ChatLLM messages
+class AgentProgramHandler(AgentHandler["TokenSession"]):
     """Task ``agent``: bring your own agent (see ``instances`` for the instance format)."""
 
     name: ClassVar[str] = "agent"
@@ -73,7 +78,7 @@ class AgentProgramHandler(AgentHandler):
             return instance.max_iterations
         return int(job.agent_params.get("max_iterations") or instance.max_iterations)
 
-    async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
+    async def run(self, job: JobContext, llm: TokenSession) -> dict[str, Any]:
         from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
 
         instance: AgentInstance = self.instance_of(job)
@@ -106,6 +111,7 @@ class AgentProgramHandler(AgentHandler):
         """What the evaluator needs, taken before the sandbox closes."""
         kind = instance.evaluator_type
         if kind == "swe":
+            assert instance.swe is not None, "normalize_instance refuses evaluator 'swe' without 'swe'"
             return await SweHandler()._take_patch(job, instance.swe)
         if kind == "math":
             path = "/workspace/" + instance.evaluator["answer_file"]
@@ -130,6 +136,7 @@ class AgentProgramHandler(AgentHandler):
         kind = instance.evaluator_type
         run = job.run_result
         if kind == "swe":
+            assert instance.swe_row is not None, "normalize_instance refuses evaluator 'swe' without 'swe'"
             swe_job = dataclasses.replace(job, task="swe", instance=instance.swe_row, parsed_instance=instance.swe)
             result = await SweHandler().eval(swe_job)
             return result

@@ -34,7 +34,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EVALUATORS = ("swe", "math", "command", "none")
 
 
-def _mini_swe_agent(instance: "AgentInstance") -> tuple[list[str], dict[str, str]]:
+def _mini_swe_agent(instance: AgentInstance) -> tuple[list[str], dict[str, str]]:
     """mini-swe-agent (PyPI ``mini-swe-agent``) through litellm on the job's endpoint.
 
     ``options.mode``: ``textbased`` (default: one ```mswea_bash_command``` block per reply) or
@@ -42,7 +42,8 @@ def _mini_swe_agent(instance: "AgentInstance") -> tuple[list[str], dict[str, str
     mode = instance.options.get("mode", "textbased")
     if mode not in ("textbased", "toolcall"):
         raise ValueError("field 'agent.mode' of mini-swe-agent must be 'textbased' or 'toolcall'")
-    config, model_class = ("mini_textbased.yaml", "litellm_textbased") if mode == "textbased" else ("mini.yaml", "litellm")
+    config, model_class = (("mini_textbased.yaml", "litellm_textbased") if mode == "textbased"
+                           else ("mini.yaml", "litellm"))
     argv = ["python3", "-m", "minisweagent.run.mini", "-c", config, "-c",
             f"agent.step_limit={instance.max_iterations}", "--model-class", model_class,
             "-m", f"openai/{instance.model}", "-t", instance.task, "--yolo", "--exit-immediately",

@@ -44,7 +44,7 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-class CodeHandler(AgentHandler):
+class CodeHandler(AgentHandler[ChatLLM]):
     """Task ``code``: stdin/stdout, function-call and pytest-style problems; reward 1.0 only
     when every hidden test passes (the fraction passed and per-test verdicts in the details)."""
 
@@ -106,16 +106,17 @@ class CodeHandler(AgentHandler):
         # the hidden tests come from the instance itself: they were never copied anywhere else
         code: CodeInstance = self.instance_of(job)
         if not solution:
-            details = {"error": job.run_result.get("solution_error") or "no solution was produced", "reward": 0.0,
-                       "passed": 0, "total": len(code.tests), "fraction_passed": 0.0, "counts": {},
-                       "verdicts": [], "style": code.style}
+            details: dict[str, Any] = {
+                "error": job.run_result.get("solution_error") or "no solution was produced", "reward": 0.0,
+                "passed": 0, "total": len(code.tests), "fraction_passed": 0.0, "counts": {},
+                "verdicts": [], "style": code.style}
             return EvalResult(0.0, details)
         if job.sandbox is None:
             raise RuntimeError("the code handler's EVAL needs its fresh sandbox (eval_sandbox_request)")
         tests = judge_tests(code)
         reports = await run_judge(job.sandbox, solution, code, tests, job_id=job.job_id,
                                   timeout_s=self._judge_timeout(job, tests))
-        results = []
+        results: list[dict[str, Any]] = []
         for index, (test, report) in enumerate(zip(tests, reports)):
             name, reason = verdict(report, test, code.float_tolerance)
             results.append({"test": index, "verdict": name, "reason": reason, "cpu_s": report.get("cpu_s"),
@@ -170,7 +171,7 @@ async def run_judge(sandbox: Any, solution: str, code: CodeInstance, tests: list
     """Write the judge, solution and inputs into the sandbox, run them, return one report per test."""
     root = f"/workspace/.judge-{uuid.uuid4().hex[:8]}"
     judge = resources.files("handlers.code").joinpath("judge.py").read_text("utf-8")
-    manifest = {"solution": SOLUTION_FILE, "tests": [_manifest_entry(t) for t in tests],
+    manifest: dict[str, Any] = {"solution": SOLUTION_FILE, "tests": [_manifest_entry(t) for t in tests],
                 "files": {"hidden_tests.py": code.test_code} if code.test_code else {},
                 "env": {"PRORL_CODE_JOB": job_id}}  # lets an operator (or a test) find a job's processes
     if code.fn_name:

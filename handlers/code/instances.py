@@ -177,7 +177,7 @@ def _parse_cases(cases: Any, where: str, fn_name: str | None, paired: bool = Fal
         if not isinstance(case, dict) or "input" not in case or "output" not in case:
             raise ValueError(f"field '{at}' must be an object with 'input' and 'output'")
         case_type = case.get("testtype", case.get("type"))
-        metadata = case.get("metadata") if isinstance(case.get("metadata"), dict) else {}
+        metadata = given if isinstance(given := case.get("metadata"), dict) else {}
         name = _fn_name(case.get("fn_name", metadata.get("func_name")), f"{at}.fn_name") or fn_name
         functional = case_type in ("functional", "function_call") or (case_type is None and name is not None)
         if functional:

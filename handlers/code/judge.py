@@ -148,6 +148,7 @@ def run_test(test: dict, index: int, root: str, solution: str, env: dict) -> dic
                                    cwd=workdir, env=env, start_new_session=True, close_fds=True,
                                    preexec_fn=_limits(int(test["memory_bytes"]), cpu_limit, cap))  # noqa: PLW1509 - single-threaded
         if nonce:
+            assert process.stdin is not None, "stdin is a pipe whenever there is a nonce"
             try:
                 process.stdin.write(nonce.encode() + b"\n")
                 process.stdin.close()
@@ -239,7 +240,8 @@ def main(manifest_path: str, results_path: str) -> int:
         try:
             reports.append(run_test(test, index, root, solution, env))
         except Exception as error:  # noqa: BLE001 - one broken test must not lose the others
-            reports.append({"index": index, "kind": test.get("kind"), "judge_error": f"{type(error).__name__}: {error}"})
+            reports.append({"index": index, "kind": test.get("kind"),
+                            "judge_error": f"{type(error).__name__}: {error}"})
     with open(results_path + ".part", "w", encoding="ascii") as handle:
         json.dump({"reports": reports}, handle, ensure_ascii=True)
     os.replace(results_path + ".part", results_path)
@@ -306,6 +308,8 @@ def harness_pytest(test_file: str, test_name: str, result_path: str) -> int:
         import importlib.util
         sys.path.insert(0, os.getcwd())
         spec = importlib.util.spec_from_file_location("hidden_tests", os.path.join(os.getcwd(), test_file))
+        if spec is None or spec.loader is None:  # a .py path always has a source loader
+            raise ImportError(f"cannot load {test_file!r} as a module")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         if test_name != "__module__":

@@ -20,7 +20,7 @@ FOLLOW_UP = (
 )
 
 
-class MathHandler(AgentHandler):
+class MathHandler(AgentHandler[ChatLLM]):
     """Task ``math``: plain problem/answer pairs and verl-style rule-graded rows.
 
     One instance serves every job of its process, from several threads at once: it keeps no

@@ -647,7 +647,8 @@ CHEMISTRY: tuple[tuple[str, str, str], ...] = (
      "transfers electrons to another, as in sodium chloride (Na+ Cl−)."),
     ("chem-electronegativity", "Electronegativity",
      "Electronegativity is the tendency of an atom to attract shared electrons. On the Pauling scale "
-     "fluorine is the most electronegative element (3.98) and caesium and francium among the least (about 0.7 to 0.8)."),
+     "fluorine is the most electronegative element (3.98) and caesium and francium among the least "
+     "(about 0.7 to 0.8)."),
     ("chem-catalyst", "Catalyst",
      "A catalyst increases the rate of a chemical reaction without being consumed, by lowering its "
      "activation energy. Enzymes are biological catalysts. The Haber process uses an iron catalyst to "

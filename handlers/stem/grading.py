@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from handlers.math.grading import extract_boxed
 

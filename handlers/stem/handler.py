@@ -27,7 +27,7 @@ NUDGE = ("Your reply contains no tool call and no final answer. Continue with a 
          "`finish` with your final answer.")
 
 
-class StemHandler(AgentHandler):
+class StemHandler(AgentHandler[ChatLLM]):
     """Task ``stem``: short-answer science questions graded by exact match or numeric tolerance.
 
     Keeps no per-job state: one instance serves every job of its process.

@@ -52,7 +52,7 @@ def diff_command(instance: SweInstance, out_path: str) -> str:
             f"--no-color {shlex.quote(instance.base_commit)} > {shlex.quote(out_path)}")
 
 
-class SweHandler(AgentHandler):
+class SweHandler(AgentHandler[ChatLLM]):
     """Task ``swe``: SWE-bench-format instances and verl rows carrying them."""
 
     name: ClassVar[str] = "swe"

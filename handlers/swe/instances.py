@@ -157,7 +157,10 @@ def repo_dirs() -> list[Path]:
 
 
 def find_bundle(repo: str, where: str = "") -> Path:
-    owner, name = _REPO.match(repo).groups()
+    # normalize_instance checks the form first; a direct caller gets the same error, not an AttributeError
+    if (match := _REPO.match(repo)) is None:
+        raise ValueError(f"field '{where}repo' must look like 'owner/name', got {repo!r}")
+    owner, name = match.groups()
     names = ([f"{owner}__{name}.bundle"] if owner else []) + [f"{name}.bundle"]
     for directory in repo_dirs():
         for candidate in names:
