@@ -363,7 +363,7 @@ def admitted_s(cluster: LocalCluster, results: list[dict], t0: float) -> float |
 
 def run_async(coro: Any) -> Any:
     """On uvloop's loop when installed (cheaper per connection), as the workers run theirs."""
-    from prorl_celery.aio import new_event_loop
+    from prorl_celery.event_loops import new_event_loop
 
     loop = new_event_loop()
     try:

@@ -111,7 +111,8 @@ def run(trees: list[Path], repeat: int, concurrency: int) -> dict[str, Any]:
 
 def report(result: dict[str, Any]) -> str:
     lines = [f"RUN worker -c {result['concurrency']}, medians of {result['repeat']} (load {result['loadavg'][0]:.1f})",
-             "", "| tree | import prorl_celery.tasks | torch imported | RUN worker idle RSS | ready after | gateway idle RSS (1 worker) |",
+             "", "| tree | import prorl_celery.tasks | torch imported | RUN worker idle RSS | ready after "
+             "| gateway idle RSS (1 worker) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for tree, s in result["summary"].items():
         lines.append(f"| {tree} | {s['import_s']:.2f} s | {'yes' if s['torch'] else 'no'} | {s['run_rss_mb']:.0f} MB | "

@@ -35,7 +35,7 @@ app.conf.update(
 
 @app.task(name="mono.job")
 def job(job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
-    from prorl_celery.aio import run_coro
+    from prorl_celery.event_loops import run_coro
     return run_coro(_job(job_id, instance, sampling))
 
 

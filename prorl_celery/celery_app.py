@@ -62,7 +62,7 @@ class RunSlotGate(bootsteps.StartStopStep):
             return
         from celery.worker import state
 
-        from .aio import stage_loop
+        from .event_loops import stage_loop
         loop = stage_loop(get_settings().run_slots or parent.controller.concurrency)
         qos = parent.task_consumer.channel.qos
         fetch_allowed = qos.can_consume

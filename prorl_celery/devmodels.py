@@ -36,7 +36,7 @@ from typing import Any
 
 import click
 
-from .settings import get_settings
+from .settings import dev_settings
 
 LLAMACPP_VERSION = "0.3.36"
 #: bump when the layout of a built artifact changes, so stale caches are not reused
@@ -119,7 +119,7 @@ TOKENIZER_NAMES = tuple(_SPECS)
 
 def fixtures_dir() -> Path:
     """Where fixtures are cached: ``$PRORL_FIXTURES_DIR`` or ``~/.cache/prorl-celery/fixtures``."""
-    configured = get_settings().fixtures_dir
+    configured = dev_settings().fixtures_dir
     return Path(configured) if configured else Path.home() / ".cache" / "prorl-celery" / "fixtures"
 
 
@@ -169,7 +169,7 @@ def _vocab_files() -> Path:
 
 
 def _extract_vocab_files(out: Path) -> None:
-    configured = get_settings().llamacpp_sdist
+    configured = dev_settings().llamacpp_sdist
     if configured:
         _extract_from_sdist(Path(configured), out)
         return

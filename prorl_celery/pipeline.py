@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
 
-from .aio import run_coro, thread_loop
 from .celery_app import enqueue, node_queue
 from .errors import JobCancelled, JobNotFound, StageTimeout, UnknownTask
+from .event_loops import run_coro, thread_loop
 from .job_sandboxes import tool_client
 from .llm.backends import make_backend
 from .llm.pool import Assignment

@@ -2,7 +2,11 @@
 
 Every setting is documented in the README's configuration table; keep the two in step.
 Code below the edge receives a ``Settings`` object (or plain values from it), never
-``os.environ``.
+``os.environ``. The one exception is gunicorn's ``PRORL_GATEWAY_*``, read in
+``api/gunicorn_conf.py`` before any service module may be imported (see there).
+
+The development settings at the end (fixture cache, llama.cpp sdist, vLLM venv) are read afresh
+on each use (``dev_settings()``): tools and tests point them elsewhere within one process.
 """
 from __future__ import annotations
 
@@ -60,14 +64,6 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="largest accepted request body")
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 
-    # gunicorn (api/gunicorn_conf.py)
-    gateway_bind: str = Field("127.0.0.1:8080", description="gunicorn bind address")
-    gateway_workers: int = Field(2, gt=0, description="gunicorn worker processes")
-    gateway_worker_class: str | None = Field(
-        None, description="gunicorn worker class; default gevent, gthread when gevent is missing")
-    gateway_connections: int = Field(10000, gt=0, description="open requests per gevent worker")
-    gateway_threads: int = Field(128, gt=0, description="threads per gthread worker")
-
     uvloop: bool = Field(True, description="stages run on uvloop's event loop (False: asyncio's own)")
     swe_repos: str = Field("", description="os.pathsep-separated swe git bundle directories, before the shipped ones")
 
@@ -79,6 +75,11 @@ class Settings(BaseSettings):
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+
+def dev_settings() -> Settings:
+    """The settings as the environment has them now (development tooling: see the module doc)."""
+    return Settings()
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,7 @@
 """The three stage tasks. Thin on purpose: all logic is in :mod:`prorl_celery.pipeline`.
 
 INIT and EVAL run on the Celery thread that picked them up. A RUN task only admits its stage:
-it takes a slot of the process's stage loop (:class:`prorl_celery.aio.StageLoop`), claims the
+it takes a slot of the process's stage loop (:class:`prorl_celery.event_loops.StageLoop`), claims the
 job and returns, while the stage runs on that shared loop; so a RUN worker's ``-c`` threads only
 admit stages, and its slots (``PRORL_RUN_SLOTS``, by default ``-c``) are how many run at once.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from celery.exceptions import Reject
 
-from .aio import StageClosed, stage_loop
 from .celery_app import app
+from .event_loops import StageClosed, stage_loop
 from .pipeline import begin_stage, execute_stage
 from .services import get_services
 from .status import Stage

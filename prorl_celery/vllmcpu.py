@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .settings import get_settings
+from .settings import dev_settings
 
 #: where scripts/install_vllm.sh puts the venv (the first one that has a python is used)
 DEFAULT_VENVS = (Path("/opt/vllm-venv"), Path.home() / ".cache" / "prorl-celery" / "vllm-venv")
@@ -23,7 +23,7 @@ def find_vllm_python() -> tuple[str | None, str]:
     ``$PRORL_VLLM_PYTHON`` when set (it must exist), else the venvs of :data:`DEFAULT_VENVS`.
     Only existence is checked here; :func:`check_vllm_python` imports vLLM.
     """
-    configured = get_settings().vllm_python
+    configured = dev_settings().vllm_python
     if configured:
         path = shutil.which(configured) or configured
         if not Path(path).is_file():

@@ -17,8 +17,8 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 from handlers import load_handlers, registry
 
 from . import keys
-from .aio import configure_stage_loop, stage_loop
 from .celery_app import enqueue, node_queue
+from .event_loops import configure_stage_loop, stage_loop
 from .leases import Reaper, give_up
 from .nodes import STALE_BEATS
 from .services import get_services

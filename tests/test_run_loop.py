@@ -1,4 +1,4 @@
-"""RUN stages on the worker's shared event loop (``prorl_celery.aio.StageLoop``), on real workers.
+"""RUN stages on the worker's shared event loop (``prorl_celery.event_loops.StageLoop``), on real workers.
 
 The module's own cluster (its own redis-server) has one RUN worker with ``-c 8`` Celery threads
 and ``PRORL_RUN_SLOTS=3``: at most three RUN stages at once, and the others left in the broker's

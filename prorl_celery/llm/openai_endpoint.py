@@ -219,7 +219,8 @@ class AgentEndpoint:
         text: str | None = None
         if isinstance(prompt, str):
             text = prompt
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (isinstance(prompt, list) and prompt
+              and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
             ids = list(prompt)
         else:
             raise EndpointRequestError("prompt must be one string or one list of token ids")
@@ -256,7 +257,8 @@ class AgentEndpoint:
                     first = ids if ids is not None else _encode_prompt(tok, text or "")
                     index = common_prefix(held, first)
                     self._new_segment({"message": None, "token": index, "reason": why},
-                                      lambda: session.start_ids(first, text if text is not None else tok.decode(first, False)))
+                                      lambda: session.start_ids(
+                                          first, text if text is not None else tok.decode(first, False)))
                     self.matcher.reset()
             self.matcher.kind = "completion"
             context = len(session.context_ids)
@@ -306,7 +308,8 @@ class AgentEndpoint:
             for entry in entries:
                 offsets.append(at)
                 at += len(entry["token"])
-            choice["logprobs"] = {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            choice["logprobs"] = {"tokens": [e["token"] for e in entries],
+                                  "token_logprobs": [e["logprob"] for e in entries],
                                   "top_logprobs": [{e["token"]: e["logprob"]} for e in entries], "text_offset": offsets}
         response = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                     "model": self.model, "choices": [choice], "usage": _usage(prompt_tokens, generation)}
@@ -365,7 +368,8 @@ def completion_chunks(response: dict[str, Any], include_usage: bool) -> list[dic
     choice = response["choices"][0]
     chunks = [{**base, "choices": [{"index": 0, "text": choice["text"], "logprobs": choice["logprobs"],
                                     "finish_reason": None}]},
-              {**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}]}]
+              {**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                    "finish_reason": choice["finish_reason"]}]}]
     if include_usage:
         chunks.append({**base, "choices": [], "usage": response["usage"]})
     return chunks
@@ -494,7 +498,7 @@ class EndpointServer:
             self._server.should_exit = True
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), 5)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 self._server.force_exit = True
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(self._task, 3)

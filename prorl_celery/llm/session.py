@@ -13,8 +13,8 @@ from typing import Any
 from handlers.base import Generation
 
 from ..errors import BackendError, ContextExhausted
-from .backends import Completion, LLMBackend
 from ..sampling import for_protocol
+from .backends import Completion, LLMBackend
 from .tokenizer import ChatTokenizer
 
 
@@ -139,7 +139,8 @@ class TokenSession:
     def _exhausted(self) -> str:
         used = len(self.prompt_ids) + len(self.response_ids)
         if self.max_input_tokens is not None and used > self.max_input_tokens:
-            return f"the context ({used} tokens) is over max_input_tokens {self.max_input_tokens} after {self.num_turns} turns"
+            return (f"the context ({used} tokens) is over max_input_tokens {self.max_input_tokens} "
+                    f"after {self.num_turns} turns")
         return f"context length {self.max_model_len} reached after {self.num_turns} turns"
 
     # -- segments and raw-id conversations (the per-job OpenAI-compatible endpoint) ------------

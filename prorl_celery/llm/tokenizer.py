@@ -69,7 +69,8 @@ class HFTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool | None = None) -> str:
         text = self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-        clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
+        clean = (self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None
+                 else clean_up_tokenization_spaces)
         return clean_up_tokenization(text) if clean else text
 
     def convert_tokens_to_ids(self, token: str) -> int | None:

@@ -26,14 +26,22 @@ from collections import deque
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from .engines import Engine, SamplingParams
-from .protocols import (BadRequestError, Generation, LlamaCppCompletionRequest,
-                        SGLangGenerateRequest, TokenText, VLLMCompletionRequest, llamacpp_response,
-                        sglang_response, vllm_response)
+from .protocols import (
+    BadRequestError,
+    Generation,
+    LlamaCppCompletionRequest,
+    SGLangGenerateRequest,
+    TokenText,
+    VLLMCompletionRequest,
+    llamacpp_response,
+    sglang_response,
+    vllm_response,
+)
 
 #: nginx's "client closed request": what an aborted request is answered with (no one reads it)
 CLIENT_CLOSED = 499

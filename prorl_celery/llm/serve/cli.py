@@ -36,7 +36,7 @@ class BackgroundServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout_s: float = 10.0) -> "BackgroundServer":
+    def start(self, timeout_s: float = 10.0) -> BackgroundServer:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -50,7 +50,7 @@ class BackgroundServer:
         self._thread.join(timeout=10)
         self._socket.close()
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -17,10 +17,11 @@ import json
 import random
 import re
 import weakref
+from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncGenerator, Protocol, Sequence
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -311,7 +312,7 @@ class TorchEngine:
             generator.manual_seed(seed)
         return generator
 
-    def _next(self, state: "_TorchState", params: SamplingParams) -> Step:
+    def _next(self, state: _TorchState, params: SamplingParams) -> Step:
         torch = self._torch
         with torch.no_grad():
             fed = state.pending

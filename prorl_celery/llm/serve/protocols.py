@@ -257,8 +257,8 @@ def vllm_response(gen: Generation, req: VLLMCompletionRequest, tt: TokenText,
             offsets.append(at)
             at += len(token)
         # as vLLM: the sampled token first, then the top ``logprobs`` alternatives
-        tops = [{name(t): max(lp, -9999.0) for t, lp in ((i, l), *top[:req.logprobs])}
-                for i, l, top in zip(ids, gen.logprobs, gen.tops)]
+        tops = [{name(t): max(lp, -9999.0) for t, lp in ((i, sampled), *top[:req.logprobs])}
+                for i, sampled, top in zip(ids, gen.logprobs, gen.tops)]
         logprobs = {"text_offset": offsets,
                     "token_logprobs": [max(lp, -9999.0) for lp in gen.logprobs],
                     "tokens": tokens, "top_logprobs": tops}
