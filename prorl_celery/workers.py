@@ -13,6 +13,7 @@ import threading
 import time
 
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
+from redis.typing import EncodableT, FieldT
 
 from handlers import load_handlers, registry
 
@@ -163,8 +164,8 @@ def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
     services = get_services()
     if services.settings.tokenizer and Stage.RUN.value in queues:
         _preload_tokenizer(services.settings.tokenizer)
-    info = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
-            "concurrency": concurrency or ""}
+    info: dict[FieldT, EncodableT] = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
+                                  "concurrency": concurrency or ""}
     while not _stop.is_set():
         try:
             pipe = services.redis.pipeline(transaction=False)

@@ -46,9 +46,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..client import AsyncRolloutClient, JobRequest, LoopThread, new_job_id
+
+if TYPE_CHECKING:
+    from ..weights import VLLMWeightSync
 
 
 def _key(prompt: Any) -> str:
@@ -123,11 +126,11 @@ class ProrlRollout:
         self._synced_step = self.initial_step
         self._loop = LoopThread("prorl-trl")
         self._saved: list[Path] = []
-        self._sync = None
+        self._sync: VLLMWeightSync | None = None  # made on the first push
 
     # -- TRL's side --------------------------------------------------------------------------
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         sync_s = self.sync_weights(trainer, step) if self.servers else 0.0
         started = time.monotonic()
@@ -164,10 +167,12 @@ class ProrlRollout:
             return dict(self.sampling_params)
         args = getattr(trainer, "args", None)
         params: dict[str, Any] = {"temperature": float(getattr(args, "temperature", 1.0) or 1.0)}
-        if getattr(args, "top_p", None) not in (None, 1.0):
-            params["top_p"] = float(args.top_p)
-        if getattr(args, "max_completion_length", None):
-            params["max_tokens"] = int(args.max_completion_length)
+        top_p = getattr(args, "top_p", None)
+        if top_p not in (None, 1.0):
+            params["top_p"] = float(top_p)
+        max_completion_length = getattr(args, "max_completion_length", None)
+        if max_completion_length:
+            params["max_tokens"] = int(max_completion_length)
         return params
 
     async def _run(self, prompts: list[Any], sampling_params: dict[str, Any], step: int = 0) -> list[dict[str, Any]]:
@@ -201,13 +206,13 @@ class ProrlRollout:
             return await client.wait_all(ids, self.wait_timeout_s)
 
     @staticmethod
-    def to_trl(results: list[dict[str, Any]], eos_id: int = 0) -> dict[str, list]:
+    def to_trl(results: list[dict[str, Any]], eos_id: int = 0) -> dict[str, Any]:
         """TRL's rollout_func output from the service's results (one row each, in order).
 
         A job that ended without a trajectory gives a one-token completion masked out
         (``env_mask`` 0) and reward None (TRL leaves a row every reward function scored None out
         of the group's baseline)."""
-        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
+        out: dict[str, Any] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "service_reward", "policy_versions", "job_id", "status",
                                                 "num_turns")}
         for result in results:
@@ -227,7 +232,7 @@ class ProrlRollout:
         return out
 
     @staticmethod
-    def to_text_path(out: dict[str, list], results: list[dict[str, Any]], chat: Any,
+    def to_text_path(out: dict[str, Any], results: list[dict[str, Any]], chat: Any,
                      tools: list[dict[str, Any]] | None) -> dict[str, float]:
         """Turn :meth:`to_trl`'s output (in place) into the text path: every completed row's ids
         and mask from :func:`retokenize` (with ``tools``, or the trajectory's own), and no

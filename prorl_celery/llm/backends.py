@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -207,7 +208,8 @@ def _finish(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
 
-_ADAPTERS = {"vllm": VLLMBackend, "sglang": SGLangBackend, "llamacpp": LlamaCppBackend}
+_ADAPTERS: dict[str, Callable[..., LLMBackend]] = {"vllm": VLLMBackend, "sglang": SGLangBackend,
+                                                 "llamacpp": LlamaCppBackend}
 _local = threading.local()
 
 

@@ -10,6 +10,7 @@ it; every model turn records the version of the backend that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -63,7 +64,7 @@ class BackendPool:
     def set_version(self, version: int, address: str | None = None) -> dict[str, int]:
         """Set the policy version of ``address``, or of every registered backend; returns the
         backends set. An address that is not registered is a KeyError."""
-        registered = self.redis.zrange(keys.LLM_BACKENDS, 0, -1)
+        registered = cast(list[str], self.redis.zrange(keys.LLM_BACKENDS, 0, -1))  # decode_responses client
         if address is None:
             targets = sorted(registered)
         else:  # http://host:port and http://host:port/v1 name the same server

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,7 @@ class Reply:
         calls: list[dict[str, Any]] = []
         content = rest
         if tools_given and "<tool_call>" in rest:
-            parsed = []
+            parsed: list[dict[str, Any]] | None = []
             for body in _CALL_BLOCK.findall(rest):
                 try:
                     payload = json.loads(body.strip())
@@ -178,6 +179,7 @@ class Reply:
                 if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
                     parsed = None
                     break
+                assert parsed is not None  # every path that sets it to None breaks out of the loop
                 parsed.append({"id": f"call_{uuid.uuid4().hex[:24]}", "name": payload["name"],
                                "arguments": _arguments(payload.get("arguments", {}))})
             if parsed:  # like vLLM's hermes parser: a malformed block leaves the text as content
@@ -228,8 +230,8 @@ class ChatMatcher:
     def reset(self) -> None:
         self.held, self.tools, self.kind = [], None, None
 
-    def plan(self, messages: list[Message], tools: list[dict] | None, context_ids: list[int] = (),
-             spans: list[tuple[int, int]] = ()) -> Plan:
+    def plan(self, messages: list[Message], tools: list[dict] | None, context_ids: Sequence[int] = (),
+             spans: Sequence[tuple[int, int]] = ()) -> Plan:
         """What to do with a request, given the ids the segment holds and each message's span."""
         if not messages:
             raise EndpointRequestError("messages must not be empty")
@@ -323,8 +325,11 @@ class ChatMatcher:
             self.held += parsed[len(self.held):]
             return
         old = self.held
-        self.held = [old[i] if i < len(old) and isinstance(old[i], Reply) and old[i].accepts(m) else m
-                     for i, m in enumerate(parsed)]
+        held: list[Message | Reply] = []
+        for i, message in enumerate(parsed):  # a served turn sent back as it was stays the Reply
+            previous = old[i] if i < len(old) else None
+            held.append(previous if isinstance(previous, Reply) and previous.accepts(message) else message)
+        self.held = held
         self.tools, self.kind = tools, "chat"
 
     def replied(self, reply: Reply) -> None:

@@ -39,6 +39,15 @@ class HFTokenizer:
     ``apply_chat_template``.
     """
 
+    # set in __init__ from the special tokens map, one attribute per name of _SPECIAL_NAMES
+    bos_token: str | None
+    eos_token: str | None
+    unk_token: str | None
+    sep_token: str | None
+    pad_token: str | None
+    cls_token: str | None
+    mask_token: str | None
+
     def __init__(self, path: str | Path) -> None:
         from tokenizers import Tokenizer
 
@@ -232,7 +241,7 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _chat_template(directory: Path, config: dict[str, Any]) -> str | dict[str, str] | None:
+def _chat_template(directory: Path, config: dict[str, Any]) -> str | None:
     """``chat_template.jinja`` beside the tokenizer, else ``chat_template.json``, else the config's."""
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
@@ -242,7 +251,7 @@ def _chat_template(directory: Path, config: dict[str, Any]) -> str | dict[str, s
     if isinstance(template, list):  # named templates: [{"name", "template"}]
         named = {entry["name"]: entry["template"] for entry in template}
         return named.get("default") or next(iter(named.values()), None)
-    return template
+    return template if isinstance(template, str) else None
 
 
 def clean_up_tokenization(text: str) -> str:

@@ -60,15 +60,15 @@ class LLMServer:
 
     def prompt_ids(self, prompt: list[int] | str | None, *,
                    add_special_tokens: bool = True) -> list[int]:
-        if isinstance(prompt, str):
-            prompt = self.engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        if not prompt:
+        ids: list[int] = (self.engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+                          if isinstance(prompt, str) else list(prompt or []))
+        if not ids:
             raise BadRequestError("the prompt is empty")
         vocab = self.engine.vocab_size
-        for token_id in prompt:
+        for token_id in ids:
             if not 0 <= token_id < vocab:
                 raise BadRequestError(f"Token id {token_id} is out of vocabulary (size {vocab})")
-        return list(prompt)
+        return ids
 
     def room(self, prompt_ids: list[int]) -> int:
         """Tokens left in the context after the prompt; 400 when the prompt fills it."""

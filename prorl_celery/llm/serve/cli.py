@@ -67,6 +67,7 @@ def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | No
         raise click.UsageError("give exactly one of --model DIR and --scripted RULES.json")
     if model is not None:
         return TorchEngine(model, tokenizer=tokenizer, model_name=model_name)
+    assert scripted is not None  # exactly one of the two was given (checked above)
     return ScriptedEngine(tokenizer or "qwen3", Path(scripted), token_delay_s=token_delay,
                           seed=seed, model_name=model_name, max_model_len=max_model_len or 32768)
 

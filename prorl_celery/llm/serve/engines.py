@@ -113,10 +113,13 @@ _RULES = TypeAdapter(list[Rule])
 
 def load_rules(source: str | Path | Sequence[dict | Rule]) -> list[Rule]:
     """Rules from a list, or from a JSON file holding a list or ``{"rules": [...]}``."""
+    rules: Sequence[dict | Rule]
     if isinstance(source, (str, Path)):
         data = json.loads(Path(source).read_text())
-        source = data["rules"] if isinstance(data, dict) else data
-    return _RULES.validate_python([r.model_dump() if isinstance(r, Rule) else r for r in source])
+        rules = data["rules"] if isinstance(data, dict) else data
+    else:
+        rules = source
+    return _RULES.validate_python([r.model_dump() if isinstance(r, Rule) else r for r in rules])
 
 
 class _ChatMarkers:
@@ -275,7 +278,8 @@ class TorchEngine:
 
         torch.set_num_threads(threads)
         self._torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(torch.float32).eval()
+        # transformers' stubs type .to() by its model argument only; a dtype is what it is given here
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(torch.float32).eval()  # type: ignore[arg-type]
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model_dir)
         config = self.model.config
         self.model_name = model_name or Path(model_dir).name
