@@ -11,7 +11,8 @@ import ipaddress
 
 import redis
 
-from singularity.runtime import AddressExhausted, ProcessRef, SandboxRecord
+from singularity.runtime import AddressExhausted, SandboxRecord
+from singularity.runtime.ledger import TransferByRewrite
 
 from . import keys
 from .store import load_script
@@ -50,7 +51,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisSandboxLedger:
+class RedisSandboxLedger(TransferByRewrite):
     """Which sandboxes run on which node, owned by which worker process, and which failed to
     stop (one hash per node, field = sandbox id, value = the record's JSON)."""
 
@@ -66,13 +67,6 @@ class RedisSandboxLedger:
     def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
         entry = self.redis.hget(keys.node_sandboxes(node), sandbox_id)
         return SandboxRecord.model_validate_json(entry) if entry else None
-
-    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
-        record = self.get(node, sandbox_id)
-        if record is None:
-            return False
-        self.record(record.model_copy(update={"owner": owner, "worker": worker}))
-        return True
 
     def list(self, node: str) -> list[SandboxRecord]:
         entries = self.redis.hgetall(keys.node_sandboxes(node))

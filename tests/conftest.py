@@ -3,34 +3,21 @@ Celery workers for init, run and eval, all on loopback ports, started once per s
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import redis
 
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.local import LocalCluster
 from prorl_celery.status import Stage
-from tests.support.services import ROOT, Gateway, LLMServer, start_llm_server
+from tests.support.services import ROOT, Gateway, LLMServer, start_llm_server, start_redis
 
 pytest_plugins = ["tests.conftest_llm"] if (Path(__file__).parent / "conftest_llm.py").exists() else []
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is required for the integration tests (apt-get install redis-server)")
-    port = free_port()
-    log = tmp_path_factory.mktemp("redis") / "redis.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                    "--appendonly", "no", "--maxclients", "10000"],
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    handle = ManagedProcess("redis", process, log)
-    url = f"redis://127.0.0.1:{port}"
-    wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", handle)
+    url, handle = start_redis(tmp_path_factory.mktemp("redis"), "redis", "--maxclients", "10000")
     yield url
     handle.stop()
 
@@ -86,6 +73,15 @@ def gateway(cluster: LocalCluster) -> Gateway:
     redis.Redis.from_url(cluster.state_url).flushdb()
     with Gateway(cluster) as client:
         yield client
+
+
+@pytest.fixture
+def backend(gateway, llm_servers) -> LLMServer:
+    """The first scripted server, its log cleared, registered with the clean gateway."""
+    server = llm_servers[0]
+    server.reset()
+    gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
+    return server
 
 
 @pytest.fixture(scope="session")

@@ -60,12 +60,6 @@ def page(browser):
     assert not errors, f"script errors on the page: {errors}"
 
 
-@pytest.fixture
-def backend(gateway, llm_servers):
-    server = llm_servers[0]
-    server.reset()
-    gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
-    return server
 
 
 def screenshot(page, artifacts: Path, name: str, **options) -> Path:

@@ -3,8 +3,6 @@ with every transition, a tick's Redis work does not grow with the number of acti
 jobs written without the indexes (an older version) are still reaped."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -12,9 +10,9 @@ import redis
 
 from prorl_celery import keys, leases
 from prorl_celery.leases import LeaseKeeper, Reaper, backfill, index_drift
-from prorl_celery.local import ManagedProcess, free_port, wait_until
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
+from tests.support.services import start_redis
 
 LEASE_S = 1.0
 
@@ -22,18 +20,7 @@ LEASE_S = 1.0
 @pytest.fixture(scope="module")
 def own_redis(tmp_path_factory) -> str:
     """A redis-server of this module's own: INFO commandstats counts every client of a server."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is required for the integration tests (apt-get install redis-server)")
-    port = free_port()
-    log = tmp_path_factory.mktemp("redis-leases") / "redis.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                    "--appendonly", "no"], stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    handle = ManagedProcess("redis-leases", process, log)
-    url = f"redis://127.0.0.1:{port}"
-    wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", handle)
+    url, handle = start_redis(tmp_path_factory.mktemp("redis-leases"), "redis-leases")
     yield url
     handle.stop()
 

@@ -37,6 +37,7 @@ from singularity.runtime import (
     reap,
     retry_delay,
 )
+from tests.support.sandboxes import FirstStopFails
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBREAPER = ROOT / "singularity" / "runtime" / "_subreaper.py"
@@ -444,19 +445,6 @@ def test_concurrent_sandboxes_get_their_own_addresses(env):
             await asyncio.gather(*(s.stop() for s in sandboxes))
         assert env.allocator.leases() == {} and env.ledger.list(NODE) == []
     run(body())
-
-
-class FirstStopFails(BubblewrapRuntime):
-    """Bubblewrap whose first stop sends no signal and reports every member as still running,
-    as when they hang in uninterruptible I/O; every later stop is the real one."""
-
-    failed_stops = 0
-
-    def _terminate(self, root, pidns, refs, grace_s, popen):
-        if not self.failed_stops:
-            self.failed_stops += 1
-            return procfs.members(root, pidns, refs)
-        return super()._terminate(root, pidns, refs, grace_s, popen)
 
 
 def _stop_fails_once(tmp: Path):

@@ -17,13 +17,13 @@ from prorl_celery.node_sandboxes import RedisAddressAllocator, RedisSandboxLedge
 from singularity.runtime import (
     RUNTIMES,
     AddressExhausted,
-    BubblewrapRuntime,
     ProcessRef,
     SandboxLedger,
     SandboxRecord,
     procfs,
     reap,
 )
+from tests.support.sandboxes import FirstStopFails
 
 NODE = "node-a"
 
@@ -100,19 +100,6 @@ def test_ledger_reaps_sandboxes_of_a_dead_owner(state_url):
     assert orphan.wait(10) is not None  # the orphaned sandbox process was stopped
     assert [r.sandbox_id for r in ledger.list(NODE)] == ["sb-2"]
     assert address not in allocator.leases()
-
-
-class FirstStopFails(BubblewrapRuntime):
-    """Bubblewrap whose first stop sends no signal and reports every member as still running
-    (as when they hang in uninterruptible I/O); every later stop is the real one."""
-
-    failed_stops = 0
-
-    def _terminate(self, root, pidns, refs, grace_s, popen):
-        if not self.failed_stops:
-            self.failed_stops += 1
-            return procfs.members(root, pidns, refs)
-        return super()._terminate(root, pidns, refs, grace_s, popen)
 
 
 def test_a_job_sandbox_whose_stop_failed_is_reaped_while_its_worker_lives(state_url, tmp_path, monkeypatch):

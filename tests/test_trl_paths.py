@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
 from prorl_celery.integrations.trl import ProrlRollout
 from prorl_celery.llm.tokenizer import load_tokenizer
 from tests.support.services import rules_file, start_llm_server
@@ -24,12 +22,6 @@ def trainer_at(step: int) -> SimpleNamespace:
     return SimpleNamespace(state=SimpleNamespace(global_step=step), args=None, processing_class=None)
 
 
-@pytest.fixture
-def backend(gateway, llm_servers):
-    server = llm_servers[0]
-    server.reset()
-    gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
-    return server
 
 
 def test_text_path_is_the_template_rendering_without_logprobs(gateway, backend, qwen3_tokenizer):

@@ -66,7 +66,26 @@ class SandboxLedger(Protocol):
         RUN adopts what INIT started, so the sandbox is reaped if RUN's process dies."""
 
 
-class FileSandboxLedger:
+class TransferByRewrite:
+    """``SandboxLedger.transfer`` for a ledger whose ``record`` replaces an entry: read it, write
+    it back with the new owner. Not atomic: a stop between the two re-creates the entry, which
+    the next stop of that sandbox removes again."""
+
+    def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
+        raise NotImplementedError
+
+    def record(self, record: SandboxRecord) -> None:
+        raise NotImplementedError
+
+    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
+        record = self.get(node, sandbox_id)
+        if record is None:
+            return False
+        self.record(record.model_copy(update={"owner": owner, "worker": worker}))
+        return True
+
+
+class FileSandboxLedger(TransferByRewrite):
     """``<root>/<node>/<sandbox id>.json``, one file per sandbox."""
 
     def __init__(self, root: Path | str) -> None:
@@ -90,13 +109,6 @@ class FileSandboxLedger:
             return SandboxRecord.model_validate_json(self._path(node, sandbox_id).read_text())
         except (OSError, ValueError):
             return None
-
-    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
-        record = self.get(node, sandbox_id)
-        if record is None:
-            return False
-        self.record(record.model_copy(update={"owner": owner, "worker": worker}))
-        return True
 
     def list(self, node: str) -> list[SandboxRecord]:
         records = []

@@ -3,6 +3,7 @@ small waiting and rules-file utilities. Fixtures that start processes live in te
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,6 +11,8 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+import redis
 
 from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
 
@@ -87,3 +90,19 @@ def eventually(check, timeout_s: float = 10.0, what: str = "condition") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s} s")
         time.sleep(0.05)
+
+
+def start_redis(log_dir: Path, name: str = "redis", *extra_args: str) -> tuple[str, ManagedProcess]:
+    """A redis-server on a free loopback port, no persistence: ``(url, process)``."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is required for the integration tests (apt-get install redis-server)")
+    port = free_port()
+    with open(log_dir / f"{name}.log", "wb") as out:
+        process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                    "--appendonly", "no", *extra_args],
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    handle = ManagedProcess(name, process, log_dir / f"{name}.log")
+    url = f"redis://127.0.0.1:{port}"
+    wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", handle)
+    return url, handle
