@@ -150,6 +150,8 @@ def test_multi_turn_tool_trajectories_are_token_exact(gateway, vllm_a, vllm_mode
 
 def test_cancel_aborts_the_request_inside_vllm(gateway, vllm_a, request):
     register(gateway, vllm_a)
+    # the counters below are the server's: a request of an earlier test still finishing would move them
+    eventually(lambda: vllm_a.running() == 0, 60, "vLLM idle before the test")
     length_before = vllm_a.metrics()["request_success_total:length"]
     generated_before = vllm_a.generated()
     job_id = gateway.submit({**sft_instances()[0], "instance_id": "cancel"},
@@ -335,9 +337,12 @@ def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model
     params = {"temperature": 1.0, "max_tokens": 160, "ignore_eos": True}
     instances = [{**instance, "instance_id": f"update-{i}", "max_iterations": 2}
                  for i, instance in enumerate(sft_instances()[:3])]
+    eventually(lambda: server.running() == 0, 60, "vLLM idle before the test")
     generated = server.generated()
     ids = [gateway.submit(instance, sampling_params={**params, "seed": i}) for i, instance in enumerate(instances)]
-    eventually(lambda: server.generated() - generated >= 60, 120, "the jobs generating in vLLM")
+    # all three first turns inside vLLM (tokens alone could come from fewer of them) and under way
+    eventually(lambda: server.running() == len(ids) and server.generated() - generated >= 60, 120,
+               "the jobs generating in vLLM")
     with VLLMWeightSync(gateway.cluster.gateway_url) as sync:
         try:
             update = sync.update([server.address], str(new_weights), version=2)
