@@ -158,7 +158,9 @@ def test_cancel_aborts_the_request_inside_vllm(gateway, vllm_a, request):
                             sampling_params={"temperature": 1.0, "max_tokens": 3000, "ignore_eos": True})
     # well into the generation (all of it would take ~10 s)
     eventually(lambda: vllm_a.generated() - generated_before >= 100, 60, "the job generating in vLLM")
-    assert vllm_a.running() == 1
+    # the gauge moves on engine steps and its scrape can lag the counter's: read it until it agrees
+    eventually(lambda: vllm_a.running() == 1, 10, "vLLM's running gauge showing the job's request")
+    assert vllm_a.metrics()["request_success_total:length"] == length_before, "the request ended before /cancel"
     response = gateway.post("/cancel", json={"job_id": job_id})
     returned = time.monotonic()
     assert response.status_code == 200 and response.json()["cancelled"] == [job_id], response.text
