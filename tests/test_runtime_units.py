@@ -3,8 +3,10 @@ ones), image layouts, the loopback allocator under 500 concurrent allocations fr
 processes, the ledger and the reaper on plain processes, and /proc-based termination."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -355,3 +357,21 @@ def test_subreaper_keeps_daemons_as_descendants(tmp_path):
                                          .startswith("sleep\x00303") for i in procfs.members(root)), 10)
     assert procfs.terminate(root, grace_s=1.0, popen=process) == []
     assert process.returncode is not None
+
+
+def test_a_set_up_child_left_in_the_roots_session_is_a_member_after_the_root_dies(tmp_path) -> None:
+    """bubblewrap killed mid-start leaves its inner child, reparented and waiting for a parent
+    that is gone: only the session (the root's, from start_new_session) still names it."""
+    ready = tmp_path / "child.pid"
+    root = subprocess.Popen(["sh", "-c", f"sleep 60 & echo $! > {ready}; sleep 0.3"], start_new_session=True)
+    root_ref = procfs.ProcessRef.of(root.pid)
+    assert root_ref is not None
+    root.wait(10)
+    child = int(ready.read_text())
+    try:
+        assert child in [info.pid for info in procfs.members(root_ref)]
+        assert procfs.terminate(root_ref, None, [], 1.0, None) == []
+        assert procfs.read_stat(child) is None or procfs.read_stat(child).state in "ZX"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

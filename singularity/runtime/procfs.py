@@ -8,7 +8,12 @@ ours. A sandbox's members are:
 * every descendant of the root (found through the parent links),
 * every process in the sandbox's pid namespace (by the namespace inode, when it has one), while
   one of the processes above is still in that namespace (inode numbers are reused),
-* any other process recorded at start (the tool server), while it is the same process.
+* any other process recorded at start (the tool server), while it is the same process,
+* every process still in the root's session that started within ``SESSION_WINDOW_S`` of the root
+  (runtimes start their root with ``start_new_session``): a child the root forked during set-up
+  stays there until it makes a session of its own, and when the root dies it is no longer its
+  descendant (bubblewrap's inner child, killed mid-start, waits for its parent forever). Only while
+  no other live process holds the root's pid, which would then be another session's leader.
 
 ``pkill -f`` would hit other users' processes on a shared node; none of this matches names.
 """
@@ -44,6 +49,12 @@ class ProcInfo(NamedTuple):
     ppid: int
     state: str
     start_time: int
+    session: int = 0
+
+
+#: how long after the root a process of its session may have started to count as the sandbox's
+SESSION_WINDOW_S = 30.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def read_stat(pid: int) -> ProcInfo | None:
@@ -60,7 +71,7 @@ def read_stat(pid: int) -> ProcInfo | None:
         os.close(fd)
     # the command name (field 2) may hold spaces and parentheses: split after the last ")"
     fields = raw[raw.rfind(")") + 2:].split()
-    return ProcInfo(pid, int(fields[1]), fields[0], int(fields[19]))
+    return ProcInfo(pid, int(fields[1]), fields[0], int(fields[19]), int(fields[3]))
 
 
 def is_alive(ref: ProcessRef) -> bool:
@@ -151,6 +162,12 @@ def members(root: ProcessRef | None, pidns: int | None = None,
             found[info.pid] = info
     if root is not None and root.pid in found:
         found.update(_descendants(snap.children, root.pid))
+    holder = snap.by_pid.get(root.pid) if root is not None else None
+    if root is not None and (holder is None or holder.start_time == root.start_time):
+        latest = root.start_time + SESSION_WINDOW_S * _CLOCK_TICKS
+        for info in snap.infos:
+            if info.session == root.pid and root.start_time <= info.start_time <= latest:
+                found.setdefault(info.pid, info)
     # the kernel reuses a namespace's inode number as soon as the namespace is gone, so the
     # inode names this sandbox only while a recorded process (or a descendant of the root) is
     # still in it; otherwise a stale record would match, and kill, a newer sandbox
