@@ -30,6 +30,7 @@ from singularity.runtime import (
     Limits,
     ProcessRef,
     ProcessRuntime,
+    SandboxRecord,
     SandboxSpec,
     SandboxStartError,
     SandboxStopError,
@@ -37,7 +38,7 @@ from singularity.runtime import (
     reap,
     retry_delay,
 )
-from tests.support.sandboxes import FirstStopFails
+from tests.support.sandboxes import FirstStopFails, stalled_bwrap
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBREAPER = ROOT / "singularity" / "runtime" / "_subreaper.py"
@@ -445,6 +446,52 @@ def test_concurrent_sandboxes_get_their_own_addresses(env):
             await asyncio.gather(*(s.stop() for s in sandboxes))
         assert env.allocator.leases() == {} and env.ledger.list(NODE) == []
     run(body())
+
+
+def _waits_on_eventfd(pid: int) -> bool:
+    """``pid`` is blocked in a system call on an eventfd (its first argument, per /proc)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+        return len(call) > 1 and os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}") == "anon_inode:[eventfd]"
+    except (OSError, ValueError):
+        return False
+
+
+def test_a_start_cancelled_while_bubblewrap_sets_up_leaves_nothing(tmp_path):
+    """/stop and /cancel cancel starts in flight. One cancelled while ``_spawn`` still waited for
+    bwrap's ``--info-fd`` never got a Launch back, so the abort had no root and bwrap's inner
+    child (already cloned, pid 1 of its namespace, waiting on an eventfd for bwrap) outlived
+    bwrap: the teardown gets bwrap as soon as it exists, and stops its whole session."""
+    bwrap, pid_file = stalled_bwrap(tmp_path)
+    ledger = FileSandboxLedger(tmp_path / "ledger")
+    runtime = BubblewrapRuntime(bwrap=str(bwrap), ledger=ledger, node=NODE, state_dir=tmp_path / "state")
+    session: list[int] = []
+
+    def left() -> list[procfs.ProcInfo]:  # bwrap and all it forked: start_new_session made its session
+        return [i for i in procfs.scan() if session and i.session == session[0] and i.state not in "ZX"]
+
+    async def body() -> list[SandboxRecord]:
+        start = asyncio.create_task(runtime.start(SandboxSpec(image="dev", workspace=tmp_path / "ws")))
+        deadline = time.monotonic() + 30
+        while not (session and any(_waits_on_eventfd(i.pid) for i in left())):
+            assert time.monotonic() < deadline and not start.done(), "bwrap's inner child never waited"
+            if not session and pid_file.exists():
+                session.append(int(pid_file.read_text()))
+            await asyncio.sleep(0.01)
+        recorded = ledger.list(NODE)  # a worker dying here leaves a record for the reaper
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        return recorded
+
+    try:
+        recorded = run(body())
+        assert left() == [], "a process of the cancelled sandbox is left"
+        assert [r.root.pid for r in recorded if r.root] == session
+        assert ledger.list(NODE) == [] and os.listdir(runtime.state_dir) == []
+    finally:
+        for info in left():  # never leave one behind on a shared machine, even when failing
+            os.kill(info.pid, signal.SIGKILL)
 
 
 def _stop_fails_once(tmp: Path):

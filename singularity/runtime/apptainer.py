@@ -45,6 +45,7 @@ from .base import (
     Launch,
     Runtime,
     SandboxSpec,
+    Spawned,
     limit_prefix,
     sandbox_env,
 )
@@ -130,7 +131,7 @@ class ApptainerRuntime(Runtime):
         if not spec.image.endswith(".sif") and not spec.image.startswith(("docker://", "oras://", "library://")):
             raise InvalidSpec(f"ApptainerRuntime needs a .sif image (or a registry URI), not {spec.image!r}")
 
-    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any) -> Launch:
+    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any, spawned: Spawned) -> Launch:
         argv = self.exec_command(spec, sandbox_dir)
         env_path = sandbox_dir / "env"
         env_path.write_text(self.env_file(spec))
@@ -138,6 +139,7 @@ class ApptainerRuntime(Runtime):
         host_env = {key: os.environ[key] for key in ("PATH", "HOME", "USER", "LANG") if key in os.environ}
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True, env=host_env)
+        spawned(popen)
         return Launch(popen=popen)
 
     def _after_ready(self, launch: Launch) -> None:

@@ -11,7 +11,9 @@ Lifecycle shared by every runtime (:meth:`Runtime.start`, :meth:`Runtime.stop`):
 2. a loopback address is leased when the spec has none and an allocator is configured;
 3. the runtime spawns its root process (``_spawn``) in the calling thread (``bwrap
    --die-with-parent`` ties the sandbox to the thread that forked it: call ``start`` from a
-   long-lived thread, as Celery's thread pool does);
+   long-lived thread, as Celery's thread pool does) and hands it to ``start`` the moment it
+   exists, before waiting on anything (bwrap's ``--info-fd``, say): a start cancelled or failing
+   from then on tears down the root and what it forked, found by its session if the root is gone;
 4. the sandbox is recorded in the ownership ledger as soon as its root process exists, and
    start waits for the tool server's ``READY <socket>`` line in the log;
 5. stop (and a start that fails part-way) goes through :func:`.stopping.teardown`, the one
@@ -37,7 +39,7 @@ import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -147,6 +149,19 @@ class Launch:
     refs: list[ProcessRef] = field(default_factory=list)
 
 
+#: how ``_spawn`` hands its root process to ``start`` the moment it exists
+Spawned = Callable[[subprocess.Popen], None]
+
+
+@dataclass
+class _Attempt:
+    """What a start in progress has started so far: all the abort has to tear down."""
+
+    popen: subprocess.Popen | None = None
+    root: ProcessRef | None = None  # taken while the root is our unreaped child: never a reused pid
+    launch: Launch | None = None
+
+
 class Sandbox:
     """A running sandbox. Use ``async with`` (or :meth:`stop`) so it is always cleaned up."""
 
@@ -220,8 +235,10 @@ class Runtime(ABC):
         """Whether this runtime works on this machine, with the reason."""
 
     @abstractmethod
-    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any) -> Launch:
-        """Start the root process; the tool server must print ``READY <socket>`` to ``log``."""
+    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any, spawned: Spawned) -> Launch:
+        """Start the root process and pass it to ``spawned`` at once, before awaiting anything
+        (the start may be cancelled there); the tool server must print ``READY <socket>`` to
+        ``log``. A failure after ``spawned`` needs no clean-up here: the start's abort stops it."""
 
     def _after_ready(self, launch: Launch) -> None:  # noqa: B027 - optional: most runtimes need nothing more
         """Hook: learn more about the started processes (e.g. their pid namespace)."""
@@ -254,11 +271,17 @@ class Runtime(ABC):
         leased = spec.address is None and self.allocator is not None
         if leased and self.allocator is not None:
             spec = spec.model_copy(update={"address": self.allocator.allocate(sandbox_id)})
-        launch = None
+        attempt = _Attempt()
+
+        def spawned(popen: subprocess.Popen) -> None:
+            attempt.popen, attempt.root = popen, _ref(popen.pid)
+            if self.ledger is not None:  # a worker dying from here on leaves a record to reap
+                self.ledger.record(self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id))
+
         try:
             with open(sandbox_dir / "server.log", "wb") as log:
-                launch = await self._spawn(spec, sandbox_dir, log)
-            sandbox = self._sandbox(sandbox_id, spec, launch, sandbox_dir, leased)
+                attempt.launch = launch = await self._spawn(spec, sandbox_dir, log, spawned)
+            sandbox = self._sandbox(sandbox_id, spec, attempt, sandbox_dir, leased)
             await self._wait_ready(launch, sandbox_dir)
             self._after_ready(launch)
             sandbox.pidns, sandbox.refs = launch.pidns, launch.refs
@@ -266,19 +289,21 @@ class Runtime(ABC):
             return sandbox
         except SandboxStartError as exc:
             tail = _tail(sandbox_dir / "server.log")
-            self._abort(launch, spec, sandbox_dir, leased, sandbox_id)
+            self._abort(attempt, spec, sandbox_dir, leased, sandbox_id)
             if "log:" in exc.message:
                 raise
             raise type(exc)(f"{exc.message}; log:\n{tail}") from exc
         except BaseException:
-            self._abort(launch, spec, sandbox_dir, leased, sandbox_id)
+            self._abort(attempt, spec, sandbox_dir, leased, sandbox_id)
             raise
 
-    def _sandbox(self, sandbox_id: str, spec: SandboxSpec, launch: Launch, sandbox_dir: Path,
+    def _sandbox(self, sandbox_id: str, spec: SandboxSpec, attempt: _Attempt, sandbox_dir: Path,
                  leased: bool) -> Sandbox:
+        launch = attempt.launch
+        assert launch is not None and attempt.root is not None, "_spawn returned without spawned()"
         sandbox = Sandbox(id=sandbox_id, spec=spec, runtime=self,
                           socket_path=self._host_socket(sandbox_dir), address=spec.address,
-                          root=_ref(launch.popen.pid), pidns=launch.pidns, refs=launch.refs,
+                          root=attempt.root, pidns=launch.pidns, refs=launch.refs,
                           state_dir=sandbox_dir, popen=launch.popen, leased=leased)
         self._write_ledger(sandbox)
         return sandbox
@@ -335,18 +360,24 @@ class Runtime(ABC):
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.003)  # a small file: polling it is cheap, and prompt
 
-    def _abort(self, launch: Launch | None, spec: SandboxSpec, sandbox_dir: Path, leased: bool,
+    def _abort(self, attempt: _Attempt, spec: SandboxSpec, sandbox_dir: Path, leased: bool,
                sandbox_id: str) -> None:
-        """A start failed: tear down whatever it got to, the same way a stop does."""
-        record = SandboxRecord(
+        """A start failed or was cancelled: tear down whatever it got to, the same way a stop
+        does. From the moment the root exists, even before ``_spawn`` returned (bwrap not yet
+        past its set-up): its session still names a child it forked, once it is gone."""
+        record = self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id)
+        self.teardown(record, grace_s=0.5, popen=attempt.popen)
+
+    def _attempt_record(self, attempt: _Attempt, spec: SandboxSpec, sandbox_dir: Path, leased: bool,
+                        sandbox_id: str) -> SandboxRecord:
+        launch = attempt.launch
+        return SandboxRecord(
             sandbox_id=sandbox_id, node=self.node, job_id=spec.job_id, worker=self.worker,
-            owner=_ref(os.getpid()), runtime=self.name,
-            root=_ref(launch.popen.pid) if launch is not None else None,
+            owner=_ref(os.getpid()), runtime=self.name, root=attempt.root,
             pidns=launch.pidns if launch is not None else None,
             refs=launch.refs if launch is not None else [],
             address=spec.address if leased else None, state_dir=str(sandbox_dir),
             workspace=str(spec.workspace), started_at=time.time())
-        self.teardown(record, grace_s=0.5, popen=launch.popen if launch is not None else None)
 
     def _record(self, sandbox: Sandbox) -> SandboxRecord:
         return SandboxRecord(

@@ -56,6 +56,7 @@ from .base import (
     Launch,
     Runtime,
     SandboxSpec,
+    Spawned,
     limit_prefix,
     sandbox_env,
 )
@@ -197,7 +198,7 @@ class BubblewrapRuntime(Runtime):
                     if os.lstat(name).st_uid != uid:
                         os.lchown(name, uid, uid)
 
-    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any) -> Launch:
+    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log: Any, spawned: Spawned) -> Launch:
         layout = resolve_image(spec.image, network=spec.network)
         self._check(spec, layout)
         if self.privileged:
@@ -218,15 +219,15 @@ class BubblewrapRuntime(Runtime):
         finally:
             for fd in child_fds:
                 os.close(fd)
+        # from here on a failure or a cancel is the start's abort to clean up (the one teardown):
+        # bwrap may already have cloned its inner child, which waits on an eventfd until bwrap
+        # has written the info below, and outlives a bwrap killed before that
         try:
+            spawned(popen)
             info = await _read_info(info_r, popen, self.ready_timeout_s)
             if block_w is not None:
                 _map_user_namespace(info["child-pid"], self.sandbox_uid)
                 os.write(block_w, b"1")
-        except BaseException:
-            popen.kill()
-            popen.wait()
-            raise
         finally:
             os.close(info_r)
             if block_w is not None:

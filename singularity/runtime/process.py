@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procfs
-from .base import Availability, Launch, Runtime, SandboxSpec, limit_prefix, sandbox_env
+from .base import Availability, Launch, Runtime, SandboxSpec, Spawned, limit_prefix, sandbox_env
 from .errors import InvalidSpec
 from .layout import host_site_dirs
 
@@ -45,7 +45,7 @@ class ProcessRuntime(Runtime):
     def available(self) -> Availability:
         return Availability(True, "always available; gives NO isolation (development only)")
 
-    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log_file: Any) -> Launch:
+    async def _spawn(self, spec: SandboxSpec, sandbox_dir: Path, log_file: Any, spawned: Spawned) -> Launch:
         if spec.binds:
             raise InvalidSpec("ProcessRuntime cannot honour binds (no mount namespace)")
         log.warning("ProcessRuntime starts job %r with NO isolation: host file system, network "
@@ -64,6 +64,7 @@ class ProcessRuntime(Runtime):
         env = sandbox_env(spec, home=str(sandbox_dir), extra={"PYTHONPATH": pythonpath})
         popen = subprocess.Popen(argv, cwd=spec.workspace, env=env, stdin=subprocess.DEVNULL,
                                  stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        spawned(popen)
         return Launch(popen=popen)
 
     def _after_ready(self, launch: Launch) -> None:
