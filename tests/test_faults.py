@@ -5,10 +5,12 @@ The module runs its own cluster (its own redis-server, node name and sandbox dir
 its sandboxes, queues and ledgers never mix with the session cluster of the other tests. Sandboxes
 are real bubblewrap sandboxes started by INIT (``"sandbox": true`` of the fault handler); their
 leftovers are checked in the node's Redis ledger and through /proc (recorded pid + start time,
-pid namespace and descendants of the workers), never by a process name.
+pid namespace and descendants of the workers), never by a process name. At the end, no process
+of a cluster's sandboxes may be left at all, recorded or not (:func:`sandbox_processes`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -45,14 +47,19 @@ def service_env(node: str, sandbox_dir: Path, lease_s: float = LEASE_S) -> dict[
 @pytest.fixture(scope="module")
 def fault_cluster(qwen3_tokenizer, tmp_path_factory) -> LocalCluster:
     """Its own redis-server and node; a RUN pool wide enough for 64 stages at once."""
-    node = f"faults-{os.getpid()}"
+    node, sandbox_dir = f"faults-{os.getpid()}", tmp_path_factory.mktemp("sbx")
     local = LocalCluster(redis_url=None, tokenizer=qwen3_tokenizer, gateway_workers=2,
-                         env=service_env(node, tmp_path_factory.mktemp("sbx")),
+                         env=service_env(node, sandbox_dir),
                          concurrency={Stage.INIT: 8, Stage.RUN: RUN_CONCURRENCY, Stage.EVAL: 4},
                          log_dir=tmp_path_factory.mktemp("faults-cluster"))
     local.node = node
     with local:
         yield local
+        # the module's /stop and /cancel hit starts in flight: not one of their processes may
+        # survive, recorded or not (a bwrap killed mid-start left its inner child). The reapers
+        # get a while to retry a failed stop; the check itself comes once the workers are gone.
+        procfs.wait_until(lambda: not sandbox_processes(sandbox_dir), 30, poll_s=0.2)
+    assert_no_sandbox_process(sandbox_dir)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +143,33 @@ def time_to_no_sandbox(cluster: LocalCluster, seen: list[SandboxRecord], since: 
         trace.append((round(elapsed, 1), left))
         assert elapsed < limit_s + 30, f"(ledger, leases, processes, worker children) left: {trace[::10]}"
         time.sleep(0.1)
+
+
+def sandbox_processes(sandbox_dir: Path) -> list[str]:
+    """Every live process of the sandboxes under ``sandbox_dir``, found without any record:
+    bwrap, its inner child and the tool server all write to their sandbox's log,
+    ``<sandbox dir>/state/<id>/server.log``, which /proc/<pid>/fd names even once it is removed
+    (other test runs on this machine have their bwraps' logs elsewhere)."""
+    prefix = os.path.realpath(sandbox_dir) + os.sep
+    found = []
+    for info in procfs.scan():
+        try:
+            links = [os.readlink(f"/proc/{info.pid}/fd/{fd}") for fd in (1, 2)]
+            cmdline = Path(f"/proc/{info.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:  # gone, or without that descriptor
+            continue
+        if info.state not in "ZX" and any(link.startswith(prefix) for link in links):
+            found.append(f"{info.pid} (ppid {info.ppid}, session {info.session}) {cmdline}")
+    return found
+
+
+def assert_no_sandbox_process(sandbox_dir: Path) -> None:
+    """No process of the sandboxes under ``sandbox_dir`` runs; any found is killed, then reported."""
+    left = sandbox_processes(sandbox_dir)
+    for line in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not left, "sandbox processes survived:\n" + "\n".join(left)
 
 
 def run_worker(cluster: LocalCluster) -> ManagedProcess:
@@ -365,5 +399,6 @@ def test_redis_restart_with_aof_keeps_results_and_ends_in_flight_jobs(qwen3_toke
             eventually(lambda: no_sandbox_left(cluster, []), 20, "no sandbox left")
             print(f"\nRedis restart: {len(in_flight)} in flight all ended {ended_s:.1f} s after the restart: "
                   f"{Counter((r['status'], r['critical_error']) for r in results)}")
+        assert_no_sandbox_process(tmp_path / "sbx")
     finally:
         server.stop()
