@@ -11,8 +11,7 @@ import ipaddress
 
 import redis
 
-from singularity.runtime import AddressExhausted, SandboxRecord
-from singularity.runtime.ledger import TransferByRewrite
+from singularity.runtime import AddressExhausted, ProcessRef, SandboxRecord
 
 from . import keys
 from .store import load_script
@@ -51,12 +50,13 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisSandboxLedger(TransferByRewrite):
+class RedisSandboxLedger:
     """Which sandboxes run on which node, owned by which worker process, and which failed to
     stop (one hash per node, field = sandbox id, value = the record's JSON)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
+        self._transfer = load_script(client, "transfer_sandbox")
 
     def record(self, record: SandboxRecord) -> None:
         self.redis.hset(keys.node_sandboxes(record.node), record.sandbox_id, record.model_dump_json())
@@ -71,3 +71,17 @@ class RedisSandboxLedger(TransferByRewrite):
     def list(self, node: str) -> list[SandboxRecord]:
         entries = self.redis.hgetall(keys.node_sandboxes(node))
         return [SandboxRecord.model_validate_json(entries[k]) for k in sorted(entries)]
+
+    def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
+        """Atomic: the new owner is written only over the entry as read (a compare-and-set in
+        Redis), so a stop between the read and the write never re-creates the entry, and a
+        failed stop marked meanwhile is kept."""
+        key = keys.node_sandboxes(node)
+        while True:  # another try only after another writer changed this very entry
+            entry = self.redis.hget(key, sandbox_id)
+            if not entry:
+                return False
+            moved = SandboxRecord.model_validate_json(entry).model_copy(update={"owner": owner, "worker": worker})
+            done = self._transfer(keys=[key], args=[sandbox_id, entry, moved.model_dump_json()])
+            if done >= 0:
+                return bool(done)

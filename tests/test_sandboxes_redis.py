@@ -127,3 +127,51 @@ def test_a_job_sandbox_whose_stop_failed_is_reaped_while_its_worker_lives(state_
         assert not procfs.is_alive(ProcessRef(pid=info.pid, start_time=info.start_time))
     assert jobs.ledger.list(NODE) == [] and jobs.allocator.leases() == {}
     assert not os.path.exists(sandbox["workspace"]) and not os.path.exists(record.state_dir)
+
+
+class ChangedAfterRead(redis.Redis):
+    """A client after whose first HGET another worker changes that entry at once, through its
+    own connection (``change(other_client, key, field, entry)``): the race a transfer (read,
+    then write) must survive."""
+
+    change = None
+
+    def hget(self, name, key):
+        entry = super().hget(name, key)
+        if self.change is not None:
+            change, self.change = self.change, None
+            change(redis.Redis.from_url(self.url, decode_responses=True), name, key, entry)
+        return entry
+
+
+def _changed_after_read(url: str, change) -> ChangedAfterRead:
+    client = ChangedAfterRead.from_url(url, decode_responses=True)
+    client.url, client.change = url, change
+    return client
+
+
+def test_transfer_is_atomic_against_a_stop_or_a_failed_stop_in_between(state_url):
+    """RUN adopts INIT's sandbox while another worker stops it (/stop, /cancel, the reaper): a
+    stop landing between the transfer's read and write used to be undone, the entry re-created
+    with RUN as owner; a failed stop marked in between was overwritten."""
+    me = ProcessRef.of(os.getpid())
+    entry = SandboxRecord(sandbox_id="sb-1", node=NODE, job_id="j1", worker="init-w", owner=me,
+                          runtime="process", root=me, refs=[])
+
+    def stopped(other, name, key, _entry):
+        other.hdel(name, key)
+
+    def marked(other, name, key, raw):
+        other.hset(name, key, SandboxRecord.model_validate_json(raw).model_copy(
+            update={"stop_failures": 1, "retry_at": 123.5}).model_dump_json())
+
+    plain = RedisSandboxLedger(redis.Redis.from_url(state_url, decode_responses=True))
+    plain.record(entry)
+    assert RedisSandboxLedger(_changed_after_read(state_url, stopped)).transfer(NODE, "sb-1", me, "run-w") is False
+    assert plain.get(NODE, "sb-1") is None and plain.list(NODE) == []
+
+    plain.record(entry)
+    assert RedisSandboxLedger(_changed_after_read(state_url, marked)).transfer(NODE, "sb-1", me, "run-w") is True
+    moved = plain.get(NODE, "sb-1")
+    assert moved is not None and (moved.worker, moved.stop_failures, moved.retry_at) == ("run-w", 1, 123.5)
+    assert plain.transfer(NODE, "missing", me, "run-w") is False

@@ -69,7 +69,8 @@ class SandboxLedger(Protocol):
 class TransferByRewrite:
     """``SandboxLedger.transfer`` for a ledger whose ``record`` replaces an entry: read it, write
     it back with the new owner. Not atomic: a stop between the two re-creates the entry, which
-    the next stop of that sandbox removes again."""
+    the next stop of that sandbox removes again. Good enough for :class:`FileSandboxLedger`
+    (tests, one node); the service's Redis ledger transfers with a compare-and-set instead."""
 
     def get(self, node: str, sandbox_id: str) -> SandboxRecord | None:
         raise NotImplementedError
