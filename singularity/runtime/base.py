@@ -366,7 +366,10 @@ class Runtime(ABC):
         does. From the moment the root exists, even before ``_spawn`` returned (bwrap not yet
         past its set-up): its session still names a child it forked, once it is gone."""
         record = self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id)
-        self.teardown(record, grace_s=0.5, popen=attempt.popen)
+        # before _spawn returned no command runs yet, nothing to stop gently: bwrap's inner child,
+        # its namespace's init, ignores SIGTERM anyway, and a /stop waits on these aborts
+        grace = 0.5 if attempt.launch is not None else 0.0
+        self.teardown(record, grace_s=grace, popen=attempt.popen)
 
     def _attempt_record(self, attempt: _Attempt, spec: SandboxSpec, sandbox_dir: Path, leased: bool,
                         sandbox_id: str) -> SandboxRecord:
