@@ -9,4 +9,4 @@ prorl fixtures build
 # lint the packages (pyproject.toml: ruff over the repository, mypy over the four packages)
 python -m ruff check .
 python -m mypy
-python -m pytest "$@"
+python -m pytest --durations=25 "$@"
