@@ -33,7 +33,7 @@ import redis
 from . import keys
 from .nodes import live_queues
 from .status import EXECUTING, WAITING_ON_NODE, JobStatus, Stage
-from .store import JobStore, index_spec, load_script
+from .store import JobStore, index_spec, load_script, outcome
 
 log = logging.getLogger(__name__)
 #: most jobs a tick takes from each index: one tick stays bounded however many have expired
@@ -136,10 +136,10 @@ def expired_jobs(store: JobStore, lease_s: float, limit: int = REAP_BATCH) -> li
     return expired
 
 
-#: fields of an attempt that a retry from INIT starts without
-RETRY_RESET = {"init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
-               "backend": "", "critical_error": "", "error": None, "run_queue": "",
-               "init_node": "", "run_node": "", "eval_node": ""}
+#: fields of an attempt that a retry from INIT starts without (its outcome among them: no
+#: stage has failed yet)
+RETRY_RESET = outcome(None, None, init_result=None, run_result=None, trajectory=None, sandbox=None,
+                      backend="", run_queue="", init_node="", run_node="", eval_node="")
 
 
 def stranded_jobs(store: JobStore, live: set[tuple[str, str]], limit: int = REAP_BATCH,
@@ -231,7 +231,7 @@ def give_up(store: JobStore, job_id: str, stage: Stage, reason: str,
             retry(job_id)
         return moved.ok
     ended = store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=status, attempt=attempt,
-                             fields={"critical_error": stage.value, "error": reason})
+                             fields=outcome(stage.value, reason))
     if ended.ok:
         log.warning("job %s: %s", job_id, reason)
     return ended.ok

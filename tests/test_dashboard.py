@@ -13,7 +13,7 @@ from api import dashboard_data
 from prorl_celery import keys
 from prorl_celery.llm.tokenizer import load_tokenizer
 from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobStore
+from prorl_celery.store import JobRecord, JobStore, outcome
 from tests.support.app import close_app, make_app
 
 XSS = "<script>window.__xss=1</script>"
@@ -96,6 +96,20 @@ def test_stage_percentiles_interpolate_the_histogram():
     assert numbers["p90"] == pytest.approx(0.5 + 0.5 * (5 / 6))
     assert dashboard_data.stage_percentiles({})["p50"] is None
     assert dashboard_data.stage_percentiles({"+Inf": 2, "1800.0": 0, "sum": 9000})["p99"] == 1800.0
+
+
+def test_jobs_list_rows_show_the_records_fields(gateway, store):
+    finish_job(store, "done", fields={"reward": 1.0, "backend": "http://b:1", "generation": 3})
+    store.create("broken", {"task": "code", "budget_s": 60, "attempt": 2})
+    assert store.claim_stage("broken", Stage.INIT).ok
+    assert store.finish("broken", JobStatus.FAILED, outcome("init", "ValueError: bad")).ok
+    broken, done = gateway.get("/dashboard/api/jobs").json["jobs"]
+    assert (broken["job_id"], broken["task"], broken["status"], broken["stage"]) == ("broken", "code", "failed", None)
+    # the stage's outcome as the store wrote it, read back through the store's record
+    assert (broken["critical_error"], broken["attempt"], broken["reward"], broken["backend"]) == ("init", 2, None, None)
+    assert broken["timing"]["init_s"] > 0 and broken["ended_at"] >= broken["created_at"] > 0
+    assert (done["critical_error"], done["reward"], done["backend"], done["generation"]) == (None, 1.0, "http://b:1", 3)
+    assert set(dashboard_data.ROW_FIELDS) <= set(JobRecord.__struct_fields__)  # a renamed field reads as unset
 
 
 def test_jobs_list_is_bounded_and_paginates_with_10000_jobs(gateway, store):
