@@ -242,12 +242,18 @@ def load_example():
 
 train_loop = load_example()
 
+#: how long LATE's marks 2 and 3 take to reply. The carry-over step ends when mixed-2 completes,
+#: after easy, hard and both mixed groups have gone through the 2 RUN slots (of the test
+#: cluster's 8) that stuck and late leave free: 6.4-8.7 s measured on a loaded 2-core machine.
+#: LATE must reply well after that: at 8 s it sometimes completed first and was batched.
+LATE_S = 20.0
+
 #: right when the rollout mark is even ("#r0", "#r2"), wrong when odd; EASY always right, HARD
 #: never; STUCK, LATE (marks 2 and 3), MIXED and PAUSE reply after a delay. The scripted server
 #: matches on the whole prompt; the example training loop's rules come first.
 RULES = train_loop.scripted_rules() + [
     {"match": "STUCK", "replies": ["\\boxed{1}"], "delay_s": 60, "scope": "prompt"},
-    {"match": "LATE.*#r[23]", "replies": ["\\boxed{1}"], "delay_s": 8, "scope": "prompt"},
+    {"match": "LATE.*#r[23]", "replies": ["\\boxed{1}"], "delay_s": LATE_S, "scope": "prompt"},
     {"match": "MIXED.*#r[02468]", "replies": ["\\boxed{1}"], "delay_s": 0.5, "scope": "prompt"},
     {"match": "MIXED", "replies": ["\\boxed{2}"], "delay_s": 0.5, "scope": "prompt"},
     {"match": "PAUSE.*#r[02468]", "replies": ["\\boxed{1}"], "delay_s": 1.5, "scope": "prompt"},
@@ -296,6 +302,10 @@ def test_real_service_b_informative_groups_cancel_and_carry_over(service):
             DAPOCollector(client, prompts, group_size=4, batch_groups=2, max_in_flight=24,
                           make_request=mark_rollout) as dapo:
         first = dapo.next_batch()
+        # the collector batches the first two informative groups to complete; which ones those
+        # are is the service's timing: late's can only complete LATE_S after the step began
+        assert first.stats.wall_s < LATE_S, f"the service took {first.stats.wall_s:.1f} s for the " \
+            "quick groups: late's slow rollouts may have ended first (raise LATE_S)"
         assert sorted(g.prompt_id for g in first.groups) == ["mixed-1", "mixed-2"]
         assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in first.groups)
         # easy and hard are dropped once complete: usually before the cut, but the 24 submits
