@@ -35,6 +35,8 @@ import asyncio
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -72,6 +74,7 @@ class Plan:
     gateway_threads: int | None
     warmup: bool
     baseline: str | None = None
+    profile: str | None = None
 
 
 def parse_args(argv: list[str] | None) -> Plan:
@@ -90,6 +93,9 @@ def parse_args(argv: list[str] | None) -> Plan:
     parser.add_argument("--no-warmup", action="store_true", help="measure a cold cluster (no warm-up wave)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 64 and 256 jobs of 2 s")
     parser.add_argument("--baseline", help="a tree of an older service to run beside this one, interleaved")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="py-spy record --gil the RUN and INIT workers during each batched/process burst into "
+                             "DIR (collapsed stacks, one file per size, style, round, tree and worker)")
     args = parser.parse_args(argv)
     sizes = args.sizes or ("64,256" if args.quick else "256,1000,4000")
     styles = [s.strip() for s in args.styles.split(",") if s.strip()]
@@ -102,7 +108,8 @@ def parse_args(argv: list[str] | None) -> Plan:
                 init_concurrency=args.init_concurrency, eval_concurrency=args.eval_concurrency,
                 gateway_workers=args.gateway_workers, gateway_threads=args.gateway_threads,
                 warmup=not args.no_warmup,
-                baseline=str(Path(args.baseline).resolve()) if args.baseline else None)
+                baseline=str(Path(args.baseline).resolve()) if args.baseline else None,
+                profile=str(Path(args.profile).resolve()) if args.profile else None)
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -395,6 +402,9 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
                                                         ("llm", named(cluster, "llm")))}
     own_before = time.process_time()
     t0: list[float] = []
+    profilers = [start_profile(plan, worker, f"{size}-{style}-{tag.replace(' ', '-')}-{kind}")
+                 for kind, worker in (("run", run_worker), ("init", named(cluster, "init-")))] \
+        if style != "floor" else []
     with Sampler({"gateway": gateway, "run": run_worker}) as sampler:
         if style == "floor":
             makespan, results = run_async(floor(cluster, size, tag, prompt_ids, t0))
@@ -403,6 +413,10 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
         else:
             makespan, results = run_async(process(cluster, size, tag, t0))
     own_cpu = time.process_time() - own_before
+    for profiler in profilers:
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            profiler.wait(60)
     cpu = {name: group_cpu_s(named(cluster, prefix)) - cpu_before[name]
            for name, prefix in (("gateway", "gateway"), ("run", "run-"), ("init", "init-"), ("eval", "eval-"),
                                 ("llm", "llm"))}
@@ -423,6 +437,16 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
           f"{row.get('llm_last_arrival_s', 0):.2f} s" + (f", {len(bad)} not completed" if bad else ""),
           file=sys.stderr, flush=True)
     return row
+
+
+def start_profile(plan: Plan, worker: ManagedProcess, name: str) -> subprocess.Popen | None:
+    """py-spy on a worker's process (GIL-holding samples only, 50 Hz), or None."""
+    if not plan.profile:
+        return None
+    Path(plan.profile).mkdir(parents=True, exist_ok=True)
+    out = Path(plan.profile) / f"{name}-{os.getpid()}-{time.time_ns()}.txt"
+    return subprocess.Popen(["py-spy", "record", "--gil", "-r", "50", "--format", "raw", "-o", str(out),
+                             "-p", str(worker.popen.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run(plan: Plan) -> dict[str, Any]:
