@@ -9,12 +9,15 @@ it; every model turn records the version of the backend that produced it.
 """
 from __future__ import annotations
 
+import asyncio
+import weakref
 from dataclasses import dataclass
 from typing import cast
 
 import redis
 
 from .. import keys
+from ..event_loops import Batched
 from ..status import JobStatus
 from ..store import load_script
 from .backends import base_url
@@ -43,6 +46,14 @@ class BackendPool:
         self.redis = client
         self._add = load_script(client, "add_backend")
         self._acquire = load_script(client, "acquire_backend")
+        #: per event loop, its batched version reads
+        self._readers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batched[str, int | None]] = \
+            weakref.WeakKeyDictionary()
+        self._acquirers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                   Batched[tuple[str, int], Assignment | None]] = \
+            weakref.WeakKeyDictionary()
+        self._releasers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batched[str, None]] = \
+            weakref.WeakKeyDictionary()
 
     def add(self, address: str, protocol: str = "vllm", version: int | None = None) -> tuple[bool, int]:
         """Register ``address`` (at policy ``version`` when given); returns (newly added, current
@@ -80,6 +91,31 @@ class BackendPool:
         value = self.redis.hget(keys.LLM_VERSIONS, address)
         return int(value) if value is not None else None
 
+    def versions(self) -> dict[str, int]:
+        """Every backend's policy version (those the trainer set), in one read."""
+        return {address: int(value) for address, value in
+                cast(dict[str, str], self.redis.hgetall(keys.LLM_VERSIONS)).items()}
+
+    async def current_version(self, address: str) -> int | None:
+        """``version``, for a stage on an event loop: read after this call, with the other reads
+        asked for in the same turn of the loop.
+
+        Every turn reads the version as its request is sent and once its reply is in, and a RUN
+        worker's thousand turns share one loop: a blocking HGET each would stall every stage for
+        a Redis round trip, two thousand times a burst. The reads asked for in one iteration of
+        the loop share one ``HGETALL`` at its end (``event_loops.Batched``), each caller still
+        getting a value read after it asked (current at some moment between asking and getting
+        it, as a blocking read right there would be)."""
+        loop = asyncio.get_running_loop()
+        reader = self._readers.get(loop)
+        if reader is None:
+            reader = self._readers[loop] = Batched(self._versions_of)
+        return await reader(address)
+
+    def _versions_of(self, addresses: list[str]) -> list[int | None]:
+        versions = self.versions()
+        return [versions.get(address) for address in addresses]
+
     def generation(self) -> int:
         return int(self.redis.get(keys.LLM_GENERATION) or 0)
 
@@ -89,19 +125,57 @@ class BackendPool:
         Given ``job_id``, the assignment is also written to the job's record in the same round
         trip, while the job is in RUN on ``attempt`` (a given-up attempt cannot overwrite the
         retried job's)."""
-        route = [keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_INFLIGHT, keys.LLM_GENERATION]
         if job_id is None:
-            reply = self._acquire(keys=route)
-        else:
-            reply = self._acquire(keys=[*route, keys.job(job_id)], args=[JobStatus.RUN.value, attempt])
+            reply = self._acquire(keys=[keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_INFLIGHT, keys.LLM_GENERATION])
+            return Assignment(reply[0], reply[1], int(reply[2])) if reply else None
+        return self.acquire_many([(job_id, attempt)])[0]
+
+    def acquire_many(self, jobs: list[tuple[str, int]]) -> list[Assignment | None]:
+        """``acquire`` for several (job id, attempt) at once, in one script call: each job takes
+        the least-assigned backend after the ones before it took theirs."""
+        if not jobs:
+            return []
+        route = [keys.LLM_BACKENDS, keys.LLM_TYPES, keys.LLM_INFLIGHT, keys.LLM_GENERATION]
+        reply = self._acquire(keys=[*route, *(keys.job(job_id) for job_id, _ in jobs)],
+                              args=[JobStatus.RUN.value, *(attempt for _, attempt in jobs)])
         if not reply:
-            return None
-        address, protocol, generation = reply
-        return Assignment(address, protocol, int(generation))
+            return [None] * len(jobs)
+        return [Assignment(reply[i], reply[i + 1], int(reply[i + 2])) for i in range(0, 3 * len(jobs), 3)]
+
+    async def acquire_on_loop(self, job_id: str, attempt: int) -> Assignment | None:
+        """``acquire``, for a stage on an event loop: the jobs that ask in one iteration of the
+        loop share one script call (``event_loops.Batched``). A job
+        whose stage was aborted meanwhile gives its backend back."""
+        loop = asyncio.get_running_loop()
+        acquirer = self._acquirers.get(loop)
+        if acquirer is None:
+            acquirer = self._acquirers[loop] = Batched(self.acquire_many, orphaned=self._give_back)
+        return await acquirer((job_id, attempt))
+
+    def _give_back(self, _job: tuple[str, int], taken: Assignment | None) -> None:
+        if taken is not None:
+            self.release(taken.address)
 
     def release(self, address: str) -> None:
         """The job's RUN is over: it no longer occupies the backend."""
         self.redis.hincrby(keys.LLM_INFLIGHT, address, -1)
+
+    def release_many(self, addresses: list[str]) -> list[None]:
+        """``release`` for several jobs' backends, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for address in addresses:
+            pipe.hincrby(keys.LLM_INFLIGHT, address, -1)
+        pipe.execute()
+        return [None] * len(addresses)
+
+    async def release_on_loop(self, address: str) -> None:
+        """``release``, for a stage on an event loop: batched as ``acquire_on_loop``, and done
+        even if the stage is aborted meanwhile (the count would stay up for good)."""
+        loop = asyncio.get_running_loop()
+        releaser = self._releasers.get(loop)
+        if releaser is None:
+            releaser = self._releasers[loop] = Batched(self.release_many, shielded=True)
+        await releaser(address)
 
     def list(self) -> list[BackendInfo]:
         pipe = self.redis.pipeline(transaction=True)
@@ -115,3 +189,4 @@ class BackendPool:
                         int(versions[address]) if address in versions else None)
             for address, score in members
         ]
+

@@ -7,7 +7,7 @@ chat template's suffix for the new message (mask 0). The backend always receives
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from handlers.base import Generation
@@ -18,17 +18,22 @@ from .backends import Completion, LLMBackend
 from .tokenizer import ChatTokenizer
 
 
+async def _no_version() -> int | None:
+    return None
+
+
 class TokenSession:
     def __init__(self, *, tokenizer: ChatTokenizer, backend: LLMBackend, sampling_params: dict[str, Any],
                  max_model_len: int, default_max_tokens: int, max_output_tokens: int | None = None,
                  max_input_tokens: int | None = None,
-                 policy_version: Callable[[], int | None] | None = None) -> None:
+                 policy_version: Callable[[], Awaitable[int | None]] | None = None) -> None:
         """``sampling_params`` are sampler keys (``prorl_celery.sampling.split``); those the
         backend's protocol does not take are dropped and listed in ``unsupported_params``.
         ``max_output_tokens`` caps every turn (with ``max_tokens``, the smaller wins);
         ``max_input_tokens`` caps the context a turn may start from. ``policy_version`` reads
-        the version the backend serves now; it is read as each turn starts and ends, so a turn
-        generated across a weight update says so."""
+        the version the backend serves now (a coroutine: the RUN loop must not block on Redis,
+        ``BackendPool.current_version``); it is read as each turn's request is sent and once its
+        reply is in, so a turn generated across a weight update says so."""
         self.tokenizer = tokenizer
         self.backend = backend
         self.sampling, self.unsupported_params = for_protocol(sampling_params, getattr(backend, "protocol", "vllm"))
@@ -36,7 +41,7 @@ class TokenSession:
         self.sampling["max_tokens"] = min(caps) if caps else default_max_tokens
         self.max_model_len = max_model_len
         self.max_input_tokens = max_input_tokens
-        self._policy_version = policy_version or (lambda: None)
+        self._policy_version = policy_version or _no_version
         self.tools: list[dict] | None = None
         self.prompt_ids: list[int] = []
         self.response_ids: list[int] = []
@@ -80,9 +85,9 @@ class TokenSession:
         if params["max_tokens"] <= 0:
             raise ContextExhausted(self._exhausted())
         context = self.prompt_ids + self.response_ids
-        version_before = self._policy_version()
+        version_before = await self._policy_version()
         completion = await self.backend.complete(context, params)
-        version_after = self._policy_version()
+        version_after = await self._policy_version()
         self._check_lengths(completion)
         start = self._total
         turn = {"context_len": len(context), "output_start": len(self.response_ids),
