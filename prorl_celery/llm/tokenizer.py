@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+#: leading-message renderings a tokenizer keeps (``ChatTokenizer.message_ends``)
+PREFIX_CACHE_SIZE = 256
 _PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}]
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 #: names a message's reasoning is passed under; templates read the first (as transformers does)
@@ -127,6 +130,11 @@ class ChatTokenizer:
         # one instance is shared by a worker's threads; callers that reach ``hf`` take this lock too
         self._lock = threading.Lock()
         self._probe_cache: dict[str, int] = {}
+        #: ids of rendered leading messages (system prompts, few-shot turns), which every job of
+        #: a task shares: rendering them again cost a RUN worker 7 % of its time in a burst
+        self._prefix_cache: OrderedDict[str, list[int]] = OrderedDict()
+        # a template that reads the clock renders a prefix differently from one day to the next
+        self._prefix_cacheable = "strftime_now" not in (tokenizer.chat_template or "")
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
@@ -155,7 +163,7 @@ class ChatTokenizer:
         message's end, so every token still belongs to exactly one message."""
         ends = []
         for count in range(1, len(messages)):
-            ids = self.encode(self.render(messages[:count], tools))
+            ids = self._prefix_ids(messages[:count], tools)
             prefix = len(ids) if prompt_ids[:len(ids)] == ids else -1
             ends.append(prefix)
         ends.append(len(prompt_ids))
@@ -163,6 +171,27 @@ class ChatTokenizer:
             if ends[index] < 0 or ends[index] > ends[index + 1]:
                 ends[index] = ends[index + 1]
         return ends
+
+    def _prefix_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+        """``encode(render(messages, tools))``, from the cache when these leading messages were
+        rendered before."""
+        if not self._prefix_cacheable:
+            return self.encode(self.render(messages, tools))
+        try:
+            key = json.dumps([messages, tools], sort_keys=True)
+        except (TypeError, ValueError):  # not plain JSON: render it, uncached
+            return self.encode(self.render(messages, tools))
+        with self._lock:
+            ids = self._prefix_cache.get(key)
+            if ids is not None:
+                self._prefix_cache.move_to_end(key)
+                return ids
+        ids = self.encode(self.render(messages, tools))
+        with self._lock:
+            self._prefix_cache[key] = ids
+            if len(self._prefix_cache) > PREFIX_CACHE_SIZE:
+                self._prefix_cache.popitem(last=False)
+        return ids
 
     def observation_ids(self, message: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
         """Ids to append after a model turn that ended with the end-of-turn token."""
