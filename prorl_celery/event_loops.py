@@ -242,7 +242,13 @@ class Batched(Generic[A, T]):
             loop.call_soon(self._flush)
         self._queued.append((item, future))
         if not self._shielded:
-            return await future
+            try:
+                return await future
+            except asyncio.CancelledError:
+                # cancelled after the batch set its result, before this task resumed to take it
+                if future.done() and not future.cancelled() and self._orphaned is not None:
+                    self._orphaned(item, future.result())
+                raise
         cancelled = False
         while not future.done():
             try:

@@ -135,16 +135,20 @@ def test_backends_are_assigned_in_one_round_trip_and_an_aborted_stage_gives_its_
     stage_loop.call(release_all(), timeout_s=10)
     assert client.hgetall(keys.LLM_INFLIGHT) == {"http://a:1/v1": "0", "http://b:1/v1": "0"}
 
-    # a stage aborted while its assignment is being taken: nobody holds it, so it is given back
-    async def aborted() -> None:
+    # a stage aborted before its assignment came back, or after it came back but before the
+    # stage resumed to take it: nobody holds it, so it is given back
+    async def aborted(after_the_batch: bool) -> None:
         task = asyncio.ensure_future(pool.acquire_on_loop("job-1", 1))
-        task.get_loop().call_soon(task.cancel)  # aborted in the turn its batch runs in
+        if after_the_batch:
+            await asyncio.sleep(0)  # the stage has asked; its batch runs next, then this cancel
+        asyncio.get_running_loop().call_soon(task.cancel)
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.5)  # the paused script call returns: its result is given back
 
-    stage_loop.call(aborted(), timeout_s=10)
-    assert sum(int(v) for v in client.hgetall(keys.LLM_INFLIGHT).values()) == 0
+    for after_the_batch in (False, True):
+        stage_loop.call(aborted(after_the_batch), timeout_s=10)
+        assert sum(int(v) for v in client.hgetall(keys.LLM_INFLIGHT).values()) == 0
+        assert client.zscore(keys.LLM_BACKENDS, "http://a:1/v1") is not None
 
 
 @pytest.fixture
