@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import threading
 from typing import Any
 
 from flask import Blueprint, jsonify, request
@@ -60,9 +61,9 @@ def accepted(submitted: job_intake.Submitted) -> dict[str, Any]:
     return {"job_id": submitted.job_id, "status": submitted.status.value, "created": submitted.created}
 
 
-def job_response(job_id: str, wait_s: float, *, exists: bool = False):
+def job_response(job_id: str, wait_s: float, *, registered: threading.Event | None = None):
     store = app_services().store
-    store.wait(job_id, wait_s, exists=exists)
+    store.wait(job_id, wait_s, registered=registered)
     record = store.load(job_id)
     if record.status.terminal:
         return jsonify(build_result(store, record)), 200
@@ -74,10 +75,23 @@ def process():
     body = parse(ProcessRequest)
     if body.num_samples:
         raise BadRequest("num_samples: /process waits for one job; submit a group with POST /jobs")
-    (submitted,) = submit([prepare(body)])
-    settings = app_services().settings
+    spec = prepare(body)
+    services = app_services()
+    # waiting from before the job exists: its ending is then seen by the listener, and the
+    # status need not be read once more after the submit (a round trip per job)
+    waiter = services.store.waiter
+    registered: threading.Event | None = waiter.register(spec.job_id)
+    try:
+        (submitted,) = submit([spec])
+    except BaseException:
+        waiter.unregister(spec.job_id, registered)
+        raise
+    if not submitted.created:  # a repeated job_id: that job may have ended long ago
+        waiter.unregister(spec.job_id, registered)
+        registered = None
+    settings = services.settings
     wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
-    return job_response(submitted.job_id, wait_s, exists=True)
+    return job_response(submitted.job_id, wait_s, registered=registered)
 
 
 @bp.post("/jobs")

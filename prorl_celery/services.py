@@ -81,7 +81,7 @@ class Services:
         if "metrics" in self.__dict__:
             self.metrics.flush()
         if "store" in self.__dict__:
-            self.store.waiter.close()  # the completion listener of an app's waits
+            self.store.close()  # the completion listener of an app's waits
         if "celery" in self.__dict__:
             self.celery.close()  # its broker connections and producer pool
 

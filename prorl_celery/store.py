@@ -198,6 +198,8 @@ class JobStore:
 
     def create_many(self, jobs: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, JobStatus]]:
         """``create`` for many jobs in one round trip; each is created (or found) on its own."""
+        if len(jobs) == 1:  # one EVALSHA: a pipeline would first ask SCRIPT EXISTS (a round trip more)
+            return [self.create(*jobs[0])]
         pipe = self.redis.pipeline(transaction=False)
         for job_id, fields in jobs:
             self._create(keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.RECENT_JOBS, keys.SERVICE_STATE,
@@ -329,16 +331,18 @@ class JobStore:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def wait(self, job_id: str, timeout_s: float, *, exists: bool = False) -> JobStatus:
+    def wait(self, job_id: str, timeout_s: float, *, exists: bool = False,
+             registered: threading.Event | None = None) -> JobStatus:
         """Block until the job ends or ``timeout_s`` passes; returns its status then.
 
         The wait holds no Redis connection: this process's one listener wakes it when the job
         ends (:mod:`prorl_celery.waiting`), and its status is read before blocking, so a job
         that ended before the call is seen at once. ``exists``: the caller has just created
         the job; its status is read all the same (after registering the wait), since a short job
-        may have ended already.
+        may have ended already. ``registered``: ``self.waiter.register(job_id)``'s event, taken
+        before the job was created: no status read at all then (the gateway's ``/process``).
         """
-        status = self.waiter.wait(job_id, timeout_s, lambda: self.status(job_id))
+        status = self.waiter.wait(job_id, timeout_s, lambda: self.status(job_id), registered=registered)
         if status is None:
             raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
         return status
@@ -349,6 +353,12 @@ class JobStore:
             if self._waiter is None:
                 self._waiter = CompletionWaiter(self.redis)
             return self._waiter
+
+    def close(self) -> None:
+        """Stop the completion listener, if a wait ever started one."""
+        with _waiter_lock:
+            if self._waiter is not None:
+                self._waiter.close()
 
     # -- service state and statistics ------------------------------------------------------------
 

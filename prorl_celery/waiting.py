@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import cast
 
@@ -44,21 +45,46 @@ class CompletionWaiter:
         self._cursor: str | None = None
         self._stop = threading.Event()
 
-    def wait(self, job_id: str, timeout_s: float, read_status: Callable[[], JobStatus | None], *,
-             skip_first_read: bool = False) -> JobStatus | None:
-        """Block until ``read_status()`` is terminal or ``timeout_s`` passes; returns the last
-        status read (None: the job does not exist)."""
-        deadline = time.monotonic() + timeout_s
+    def register(self, job_id: str) -> threading.Event:
+        """Start waiting for ``job_id`` before it can end (before it is created): the ending is
+        then seen by the listener, so ``wait(..., registered=...)`` needs no first status read.
+        Pass the event to ``wait`` (which drops it), or to ``unregister`` if never waited on."""
         event = threading.Event()
-        self._ensure_started()
+        self._ensure_started()  # the cursor precedes the registration (module doc)
         with self._lock:
             self._events.setdefault(job_id, []).append(event)
+        return event
+
+    def unregister(self, job_id: str, event: threading.Event) -> None:
+        with self._lock:
+            waiting = self._events.get(job_id, [])
+            if event in waiting:
+                waiting.remove(event)
+            if not waiting:
+                self._events.pop(job_id, None)
+                self._ended.pop(job_id, None)
+
+    def wait(self, job_id: str, timeout_s: float, read_status: Callable[[], JobStatus | None], *,
+             skip_first_read: bool = False, registered: threading.Event | None = None) -> JobStatus | None:
+        """Block until ``read_status()`` is terminal or ``timeout_s`` passes; returns the last
+        status read (None: the job does not exist).
+
+        ``registered``: the event ``register`` gave before the job was created; the first read
+        is skipped then (an ending can only come after the registration)."""
+        deadline = time.monotonic() + timeout_s
+        if registered is None:
+            event = threading.Event()
+            self._ensure_started()
+            with self._lock:
+                self._events.setdefault(job_id, []).append(event)
+        else:
+            event, skip_first_read = registered, True
         try:
             status: JobStatus | None = None
             first = True
             while True:
-                event.clear()
                 if not (first and skip_first_read):
+                    event.clear()  # before the read: a wake-up after it is kept
                     status = read_status()
                     if status is None or status.terminal or time.monotonic() >= deadline:
                         return status
@@ -71,19 +97,15 @@ class CompletionWaiter:
                 if time.monotonic() >= deadline and not event.is_set():
                     return read_status()
         finally:
-            with self._lock:
-                waiting = self._events.get(job_id, [])
-                if event in waiting:
-                    waiting.remove(event)
-                if not waiting:
-                    self._events.pop(job_id, None)
-                    self._ended.pop(job_id, None)
+            self.unregister(job_id, event)
 
     def waiting(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._events.values())
 
     def close(self) -> None:
+        """Stop the listener: at once when it is between reads, else when its read returns
+        (within ``BLOCK_CHUNK_S``), silently even if Redis has gone meanwhile."""
         self._stop.set()
 
     # -- the listener ------------------------------------------------------------------------------
@@ -94,7 +116,11 @@ class CompletionWaiter:
                 return
             if self._cursor is None:  # before any waiter reads a status: see the module doc
                 self._cursor = self._last_id()
-            self._thread = threading.Thread(target=self._listen, name="prorl-waiter", daemon=True)
+            # the thread holds the waiter weakly between reads: a waiter nobody closed (a test's
+            # store) stops its listener once it is collected, instead of outliving its Redis
+            state = _Listening(self.sweep_s)
+            self._thread = threading.Thread(target=_listen, args=(weakref.ref(self), self._stop, state),
+                                            name="prorl-waiter", daemon=True)
             self._thread.start()
 
     def _last_id(self) -> str:
@@ -113,33 +139,31 @@ class CompletionWaiter:
         for event in events:
             event.set()
 
-    def _listen(self) -> None:
-        next_sweep = time.monotonic() + self.sweep_s
-        outage = 0  # consecutive failed reads: the retry backs off, and one outage logs once
-        while not self._stop.is_set():
-            try:
-                block_ms = int(max(0.05, min(BLOCK_CHUNK_S, next_sweep - time.monotonic())) * 1000)
-                reply = cast(XReadReply, self.redis.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000,
-                                                          block=block_ms))
-                if reply:
-                    entries = reply[0][1]
-                    self._cursor = entries[-1][0]
-                    self._wake([fields.get("job", "") for _, fields in entries],
-                               [fields.get("status", "") for _, fields in entries])
-                if time.monotonic() >= next_sweep:
-                    self._sweep()
-                    next_sweep = time.monotonic() + self.sweep_s
-                if outage:
-                    log.info("completion listener reached Redis again after %d failed reads", outage)
-                    outage = 0
-            except redis.RedisError as error:
-                if self._stop.is_set():
-                    return
-                if not outage:
-                    log.warning("completion listener lost Redis (%s); retrying with backoff", error)
-                outage += 1
-                self._stop.wait(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (outage - 1)))
-                next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
+    def _listen_once(self, state: _Listening) -> None:
+        """One read of the stream (and the sweep when due); a lost Redis backs off."""
+        try:
+            block_ms = int(max(0.05, min(BLOCK_CHUNK_S, state.next_sweep - time.monotonic())) * 1000)
+            reply = cast(XReadReply, self.redis.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000,
+                                                      block=block_ms))
+            if reply:
+                entries = reply[0][1]
+                self._cursor = entries[-1][0]
+                self._wake([fields.get("job", "") for _, fields in entries],
+                           [fields.get("status", "") for _, fields in entries])
+            if time.monotonic() >= state.next_sweep:
+                self._sweep()
+                state.next_sweep = time.monotonic() + self.sweep_s
+            if state.outage:
+                log.info("completion listener reached Redis again after %d failed reads", state.outage)
+                state.outage = 0
+        except redis.RedisError as error:
+            if self._stop.is_set():
+                return
+            if not state.outage:
+                log.warning("completion listener lost Redis (%s); retrying with backoff", error)
+            state.outage += 1
+            self._stop.wait(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (state.outage - 1)))
+            state.next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
 
     def _sweep(self) -> None:
         with self._lock:
@@ -150,3 +174,20 @@ class CompletionWaiter:
         for job_id in job_ids:
             pipe.hget(keys.job(job_id), "status")
         self._wake([j for j, status in zip(job_ids, pipe.execute()) if status is None or status in TERMINAL])
+
+
+class _Listening:
+    """The listener's own state between reads."""
+
+    def __init__(self, sweep_s: float) -> None:
+        self.next_sweep = time.monotonic() + sweep_s
+        self.outage = 0  # consecutive failed reads: the retry backs off, and one outage logs once
+
+
+def _listen(ref: weakref.ReferenceType[CompletionWaiter], stop: threading.Event, state: _Listening) -> None:
+    while not stop.is_set():
+        waiter = ref()
+        if waiter is None:
+            return
+        waiter._listen_once(state)
+        del waiter  # held only during a read

@@ -75,6 +75,42 @@ def test_an_ending_outside_the_stream_is_found_by_the_sweep(store: JobStore) -> 
     waiter.close()
 
 
+def test_a_wait_registered_before_the_job_exists_reads_no_status(store: JobStore) -> None:
+    """/process registers before it creates the job: an ending right after creation (before the
+    wait starts) still wakes it, and the only read is the listener's."""
+    reads: list[str] = []
+
+    def read_status() -> JobStatus | None:
+        reads.append("status")
+        return store.status("quick")
+
+    registered = store.waiter.register("quick")
+    new_job(store, "quick")
+    assert store.finish("quick", JobStatus.CANCELLED).ok  # ended before wait() is even called
+    started = time.monotonic()
+    assert store.waiter.wait("quick", 10, read_status, registered=registered) is JobStatus.CANCELLED
+    assert time.monotonic() - started < 2.0 and reads == []
+    assert store.waiter.waiting() == 0
+    dropped = store.waiter.register("never-created")
+    store.waiter.unregister("never-created", dropped)
+    assert store.waiter.waiting() == 0
+
+
+def test_a_waiter_nobody_closed_stops_its_listener_once_collected(redis_url: str) -> None:
+    """A test's store that is never closed must not keep a listener that outlives its Redis."""
+    import gc
+
+    client = redis.Redis.from_url(redis_url + "/5", decode_responses=True)
+    waiter = CompletionWaiter(client)
+    assert waiter.wait("absent", 0.01, lambda: None) is None  # starts the listener
+    thread = waiter._thread
+    assert thread is not None and thread.is_alive()
+    del waiter
+    gc.collect()
+    thread.join(10)  # within one blocking read
+    assert not thread.is_alive()
+
+
 def test_unknown_job(store: JobStore) -> None:
     from prorl_celery.errors import JobNotFound
 
