@@ -25,14 +25,17 @@
 --         ({1, current status} for a guarded write of fields only),
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
 -- Time comes from the Redis server so that workers on different nodes share one clock.
-local current = redis.call('HGET', KEYS[1], 'status')
+-- every field this script reads, in one call (read before the fields are written)
+local at = redis.call('HMGET', KEYS[1], 'status', 'attempt', 'resumed_at', 'budget_s', 'active_s',
+                      'run_queue', 'init_node', 'init_s', 'run_s', 'eval_s')
+local current = at[1]
 if not current then return {0, ''} end
 local allowed = false
 for status in string.gmatch(ARGV[3], '[^,]+') do
   if status == current then allowed = true end
 end
 if not allowed then return {0, current} end
-if ARGV[8] ~= '' and (redis.call('HGET', KEYS[1], 'attempt') or '1') ~= ARGV[8] then
+if ARGV[8] ~= '' and (at[2] or '1') ~= ARGV[8] then
   return {0, current}
 end
 if ARGV[2] == '' then
@@ -44,14 +47,20 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local stamp = string.format('%.6f', now)
-local timer = redis.call('HMGET', KEYS[1], 'resumed_at', 'budget_s', 'active_s')
-local budget, active = tonumber(timer[2] or '0'), tonumber(timer[3] or '0')
+local resumed_at, budget, active = at[3], tonumber(at[4] or '0'), tonumber(at[5] or '0')
+local stage_s = {init_s = at[8], run_s = at[9], eval_s = at[10]}
 local updates = {'status', ARGV[2], 'status_at', stamp}
-if ARGV[4] == 'pause' and timer[1] and timer[1] ~= '' then
+if ARGV[4] == 'pause' and resumed_at and resumed_at ~= '' then
   -- only an executing stage has resumed_at set, so `current` names that stage
-  local elapsed = now - tonumber(timer[1])
+  local elapsed = now - tonumber(resumed_at)
   active = active + elapsed
-  redis.call('HINCRBYFLOAT', KEYS[1], current .. '_s', string.format('%.6f', elapsed))
+  local field = current .. '_s'
+  if field == 'init_s' or field == 'run_s' or field == 'eval_s' then  -- read above: set with the rest
+    table.insert(updates, field)
+    table.insert(updates, string.format('%.6f', tonumber(stage_s[field] or '0') + elapsed))
+  else
+    redis.call('HINCRBYFLOAT', KEYS[1], field, string.format('%.6f', elapsed))
+  end
   table.insert(updates, 'active_s'); table.insert(updates, string.format('%.6f', active))
   table.insert(updates, 'resumed_at'); table.insert(updates, '')
 elseif ARGV[4] == 'resume' then
@@ -60,11 +69,17 @@ end
 if ARGV[5] == '1' then
   table.insert(updates, 'ended_at'); table.insert(updates, stamp)
 end
+-- run_queue and init_node as they are once the fields below are written (the last one wins)
+local run_queue, init_node = at[6], at[7]
 for i = 12, #ARGV do table.insert(updates, ARGV[i]) end
+for i = 12, #ARGV - 1, 2 do
+  if ARGV[i] == 'run_queue' then run_queue = ARGV[i + 1] end
+  if ARGV[i] == 'init_node' then init_node = ARGV[i + 1] end
+end
 -- the queue a job leaves pending_run from, read before the fields (a retry clears run_queue)
 local index = cjson.decode(ARGV[11])
 local left_queue = nil
-if current == index.waiting then left_queue = redis.call('HGET', KEYS[1], 'run_queue') or '' end
+if current == index.waiting then left_queue = at[6] or '' end
 redis.call('HSET', KEYS[1], unpack(updates))
 -- The indexes move with the status, in this script only, so the reaper reads candidates instead
 -- of every active job: a stage claim takes a lease until now + lease_s (renew_leases.lua extends
@@ -83,9 +98,8 @@ if left_queue then  -- a status never moves to itself, so the job left pending_r
   if redis.call('SCARD', waiting) == 0 then redis.call('HDEL', KEYS[6], queue) end
 end
 if ARGV[2] == index.waiting then
-  local at = redis.call('HMGET', KEYS[1], 'run_queue', 'init_node')
-  local queue, node = at[1] or '', ''
-  if queue == '' then queue = index.shared_queue else node = at[2] or '' end
+  local queue, node = run_queue or '', ''
+  if queue == '' then queue = index.shared_queue else node = init_node or '' end
   redis.call('SADD', index.waiting_prefix .. queue, ARGV[1])
   redis.call('HSET', KEYS[6], queue, node)
 end
