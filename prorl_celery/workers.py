@@ -34,9 +34,23 @@ def _retry_from_init(job_id: str) -> None:
     enqueue(Stage.INIT, job_id)
 
 
+#: Celery's two INFO lines per task ("received", "succeeded in"), six per job: about a tenth of
+#: a short stage's CPU, while the job store already records every stage (status, times, node).
+#: Task failures (ERROR) still show; ``-l debug`` shows the lines again.
+TASK_LINE_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
+
+
+def _quiet_task_lines() -> None:
+    for name in TASK_LINE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not logger.isEnabledFor(logging.DEBUG):
+            logger.setLevel(logging.WARNING)
+
+
 @celeryd_after_setup.connect
 def add_node_queue(sender: str, instance, **_: object) -> None:
     """A RUN worker also consumes ``run.<node>``, so plain ``-Q run`` serves node-local jobs."""
+    _quiet_task_lines()  # before the consumer builds its task strategies (they read the level once)
     registry.configure(get_services().settings.handlers)  # PRORL_HANDLERS, before any lookup
     load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
     _reap_sandboxes()
