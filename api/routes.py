@@ -80,7 +80,7 @@ def process():
     # waiting from before the job exists: its ending is then seen by the listener, and the
     # status need not be read once more after the submit (a round trip per job)
     waiter = services.store.waiter
-    registered: threading.Event | None = waiter.register(spec.job_id)
+    registered = waiter.register(spec.job_id)
     try:
         (submitted,) = submit([spec])
     except BaseException:
