@@ -159,8 +159,8 @@ class CompletionWaiter:
         except redis.RedisError as error:
             if self._stop.is_set():
                 return
-            if not state.outage:
-                log.warning("completion listener lost Redis (%s); retrying with backoff", error)
+            if not state.outage:  # the text only: a kept record must not keep this waiter alive
+                log.warning("completion listener lost Redis (%s); retrying with backoff", str(error))
             state.outage += 1
             self._stop.wait(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (state.outage - 1)))
             state.next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
