@@ -6,9 +6,9 @@ import threading
 import time
 
 import pytest
-import redis
 
 from prorl_celery import keys
+from prorl_celery.connection import get_redis
 from prorl_celery.status import JobStatus
 from prorl_celery.store import JobStore
 from prorl_celery.waiting import CompletionWaiter
@@ -16,7 +16,9 @@ from prorl_celery.waiting import CompletionWaiter
 
 @pytest.fixture
 def store(redis_url: str):
-    client = redis.Redis.from_url(redis_url + "/5", decode_responses=True)
+    # the service's own client (a blocking pool of 1024): a plain pool caps at 100 connections, and
+    # the 300 waiters' status reads at once then fail with "Too many connections" under load
+    client = get_redis(redis_url + "/5")
     client.flushdb()
     store = JobStore(client, result_ttl_s=60)
     yield store
@@ -100,7 +102,9 @@ def test_a_waiter_nobody_closed_stops_its_listener_once_collected(redis_url: str
     """A test's store that is never closed must not keep a listener that outlives its Redis."""
     import gc
 
-    client = redis.Redis.from_url(redis_url + "/5", decode_responses=True)
+    # the service's own client (a blocking pool of 1024): a plain pool caps at 100 connections, and
+    # the 300 waiters' status reads at once then fail with "Too many connections" under load
+    client = get_redis(redis_url + "/5")
     waiter = CompletionWaiter(client)
     assert waiter.wait("absent", 0.01, lambda: None) is None  # starts the listener
     thread = waiter._thread
