@@ -41,8 +41,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One job as the store holds it, decoded once, with its fields as typed attributes.
 
     A field the hash lacks, or holds empty (the store writes None as ``""``), reads as its
-    default. ``record[name]`` and ``record.get(name)`` read the fields as stored instead (JSON
-    fields decoded, times as floats, the rest as text): for a field no attribute names.
+    default. A field of the hash that no attribute names is not read (msgspec ignores it).
     """
 
     id: str
@@ -89,14 +88,6 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     critical_error: str | None = None  # the stage that failed, or "timeout"
     error: str | None = None
     transition_id: str | None = None
-    #: the fields as stored (see the class docstring)
-    stored: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        return self.stored[name]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.stored.get(name, default)
 
     def stage_node(self, stage: Stage) -> str | None:
         """The node that ran ``stage`` of the current attempt."""
@@ -159,17 +150,20 @@ def _encode(fields: dict[str, Any]) -> list[str]:
 
 def decode_record(raw: dict[str, str]) -> JobRecord:
     """The record of a job's hash (as HGETALL returns it)."""
-    stored: dict[str, Any] = {}
+    present: dict[str, Any] = {}
     for name, value in raw.items():
+        if not value:  # the store writes None as ""
+            continue
         if name in JSON_FIELDS:
-            stored[name] = json.loads(value) if value else None
+            decoded = json.loads(value)
+            if decoded is not None and decoded != "":
+                present[name] = decoded
         elif name in FLOAT_FIELDS:
-            stored[name] = float(value) if value else None
+            present[name] = float(value)
         else:
-            stored[name] = value
-    present = {name: value for name, value in stored.items() if value is not None and value != ""}
+            present[name] = value
     # strict=False: the hash holds text, so "2" is read as the int 2 and "1" as True
-    return msgspec.convert({**present, "stored": stored}, JobRecord, strict=False)
+    return msgspec.convert(present, JobRecord, strict=False)
 
 
 class JobStore:

@@ -132,8 +132,8 @@ def one_tick(client: redis.Redis, active: int) -> dict[str, int]:
     reaped, stats = commands_of(client, reaper.tick)
     assert sorted(reaped) == ["lost", "stranded"]
     lost, stranded = store.load("lost"), store.load("stranded")
-    assert lost["status"] == "failed" and "lease expired" in lost["error"], lost
-    assert stranded["status"] == "failed" and "node lost" in stranded["error"], stranded
+    assert lost.status is JobStatus.FAILED and "lease expired" in (lost.error or ""), lost
+    assert stranded.status is JobStatus.FAILED and "node lost" in (stranded.error or ""), stranded
     print(f"{active} active jobs: one tick ran {sum(stats.values())} Redis commands {dict(sorted(stats.items()))}")
     return stats
 

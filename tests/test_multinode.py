@@ -196,11 +196,11 @@ def test_reaper_retries_only_jobs_stranded_in_a_dead_nodes_run_queue(redis_url):
     reaped = reap_expired(store, lease_s=3, retry=retried.append, heartbeat_s=1)
     assert sorted(reaped) == ["on-dead", "on-dead-last-attempt"] and retried == ["on-dead"]
     record = store.load("on-dead")
-    assert ((record["status"], record["attempt"], record["init_node"], record["run_queue"])
-            == ("pending_init", "2", "", ""))
-    assert record["retry_reason"].startswith("node lost while the job waited for RUN")
+    assert ((record.status, record.attempt, record.init_node, record.run_queue)
+            == (JobStatus.PENDING_INIT, 2, None, None))
+    assert record.retry_reason and record.retry_reason.startswith("node lost while the job waited for RUN")
     failed = store.load("on-dead-last-attempt")
-    assert (failed["status"], failed["critical_error"]) == ("failed", "run") and "node lost" in failed["error"]
+    assert (failed.status, failed.critical_error) == (JobStatus.FAILED, "run") and "node lost" in (failed.error or "")
     assert store.status("on-live") is JobStatus.PENDING_RUN and store.status("shared") is JobStatus.PENDING_RUN
     client.flushdb()
 

@@ -7,7 +7,7 @@ from handlers import registry
 from prorl_celery.pipeline import execute_stage
 from prorl_celery.services import Services
 from prorl_celery.settings import Settings
-from prorl_celery.status import Stage
+from prorl_celery.status import JobStatus, Stage
 
 
 def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_stranding(redis_url):
@@ -23,8 +23,8 @@ def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_strand
         registry.configure("")
         services.close()
     record = services.store.load("j1")
-    assert (record["status"], record["critical_error"]) == ("failed", "init")
-    assert "no live RUN worker on node lonely-node" in record["error"]
+    assert (record.status, record.critical_error) == (JobStatus.FAILED, "init")
+    assert "no live RUN worker on node lonely-node" in (record.error or "")
     assert services.store.wait("j1", 0).terminal
 
 
@@ -38,5 +38,5 @@ def test_a_task_unknown_to_the_worker_fails_at_once_with_the_reason(redis_url):
     finally:
         services.close()
     record = services.store.load("j2")
-    assert (record["status"], record["critical_error"]) == ("failed", "init")
-    assert "cannot run the task" in record["error"] and "not-installed-here" in record["error"]
+    assert (record.status, record.critical_error) == (JobStatus.FAILED, "init")
+    assert "cannot run the task" in (record.error or "") and "not-installed-here" in (record.error or "")

@@ -40,7 +40,7 @@ def new_job(store: JobStore, job_id: str = "j1", budget: float = 10.0) -> None:
 def test_create_is_idempotent_and_refused_when_stopped(store):
     new_job(store)
     assert store.create("j1", {"task": "other"}) == (False, JobStatus.PENDING_INIT)
-    assert store.load("j1")["task"] == "noop"
+    assert store.load("j1").task == "noop"
     store.set_service_state(False)
     with pytest.raises(ServiceStopped):
         store.create("j2", {"task": "noop"})
@@ -61,11 +61,11 @@ def test_the_record_is_decoded_once_into_typed_fields(store):
     # absent fields read as their defaults; the stage's node by stage
     assert (record.trajectory, record.reward, record.init_result, record.extra) == (None, None, {}, {})
     assert record.stage_node(Stage.INIT) == "n1" and record.stage_node(Stage.RUN) is None
-    # None is stored as "" (a hash holds text): the attribute reads None, the stored view ""
+    # None is stored as "" (a hash holds text) and reads None again
     store.finish("j1", JobStatus.FAILED, outcome("init", "ValueError: bad", backend=None), attempt=1)
     record = store.load("j1")
     assert (record.critical_error, record.error, record.backend) == ("init", "ValueError: bad", None)
-    assert (record["backend"], record["attempt"], record.get("nope", "-")) == ("", "1", "-")
+    assert store.redis.hget(keys.job("j1"), "backend") == "" and record.attempt == 1
     assert record.ended_at is not None and record.status.terminal
 
 
@@ -198,7 +198,7 @@ def test_a_given_up_attempt_cannot_move_the_retried_job(store):
     assert store.hand_over("j1", Stage.INIT, attempt=2).ok
     store.claim_stage("j1", Stage.RUN)
     zombie = store.hand_over("j1", Stage.RUN, {"run_result": {"stale": True}}, attempt=1)
-    assert not zombie.ok and store.load("j1").get("run_result") is None
+    assert not zombie.ok and store.load("j1").run_result == {}
     assert store.hand_over("j1", Stage.RUN, attempt=2).ok
 
 
