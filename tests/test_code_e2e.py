@@ -107,6 +107,7 @@ def test_correct_and_wrong_solutions(service):
     assert state.hlen(keys.node_sandboxes(record.get("eval_node") or record["node"])) == 0
 
 
+@pytest.mark.extended
 def test_time_limit_kills_an_infinite_loop_and_the_worker_carries_on(service):
     loop = service.submit(instance("E2E-LOOP", time_limit_s=1, tests=PAIR_SUMS["tests"][:1]))
     hog = service.submit(instance("E2E-MEMORY", memory_mb=64, tests=PAIR_SUMS["tests"][:1]))

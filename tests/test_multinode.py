@@ -205,6 +205,7 @@ def test_reaper_retries_only_jobs_stranded_in_a_dead_nodes_run_queue(redis_url):
     client.flushdb()
 
 
+@pytest.mark.extended
 def test_three_nodes_on_loopback_survive_a_killed_node(qwen3_tokenizer, tmp_path):
     started = time.monotonic()
     llm, llm_url = start_llm(qwen3_tokenizer, "127.0.0.1", tmp_path)

@@ -24,7 +24,7 @@ from tests.support.services import eventually
 from tests.support.vllm import VLLMServer, require_vllm_python, skip_unless_vllm
 
 # the first test also pays for starting the two servers (about a minute, more on a loaded machine)
-pytestmark = [skip_unless_vllm(), pytest.mark.timeout(600)]
+pytestmark = [skip_unless_vllm(), pytest.mark.timeout(600), pytest.mark.extended]
 
 #: server A's context length: well below the service's (PRORL_MAX_MODEL_LEN, 32768 by default)
 MAX_MODEL_LEN = 1536
