@@ -1,6 +1,7 @@
 """The Celery application: three stage queues on a Redis broker, tuned for long tasks."""
 from __future__ import annotations
 
+from functools import partial
 from urllib.parse import urlsplit
 
 from celery import Celery, bootsteps
@@ -53,7 +54,14 @@ class RunSlotGate(bootsteps.StartStopStep):
     Its RUN tasks return as soon as their stage is admitted to the loop, so Celery's own limit
     (``worker_disable_prefetch``: no more fetched-but-unfinished tasks than ``-c``) would let
     it take ``-c`` messages more than it can run and sit on them; this one counts the stages
-    running on the loop too. It wraps the channel's ``can_consume`` as that setting does."""
+    running on the loop too. It wraps the channel's ``can_consume`` as that setting does.
+
+    While the gate is shut the consumer sends no BRPOP and sleeps in its hub's poller until the
+    next timer, about a second: a slot freed meanwhile idled that long, a second per stage
+    whenever stages outnumber slots (``python -m bench.slots``). So a freed slot wakes the hub
+    (its thread-safe ``call_soon``), whose next turn re-checks the gate and sends the BRPOP at
+    once; the ack of a RUN task (acks_late) wakes it the same way once its request leaves
+    ``reserved``. The message is still only taken once a slot is free for it."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -68,6 +76,14 @@ class RunSlotGate(bootsteps.StartStopStep):
         fetch_allowed = qos.can_consume
         # reserved: fetched and not yet admitted (or an INIT/EVAL task of a mixed worker)
         qos.can_consume = lambda: loop.free() > len(state.reserved_requests) and fetch_allowed()
+        hub = parent.hub
+        if hub is not None:  # without a hub (synloop: green pools) the consumer polls every 2 s as before
+            loop.on_release(partial(hub.call_soon, _next_turn))
+
+
+def _next_turn() -> None:
+    """Nothing to do: being called wakes the hub, whose turn re-checks the gate (the transport's
+    ``on_poll_start``) and sends the BRPOP if a slot is free."""
 
 
 def create_celery(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:

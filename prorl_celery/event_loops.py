@@ -65,7 +65,7 @@ class StageLoop:
     busy), lets the caller claim the job, and schedules the stage coroutine it gets back; the
     slot is free again when that coroutine ends. The slots are the worker's backpressure: the
     consumer fetches a message only while one is free (``free``), so a worker never holds more
-    stages than it can run.
+    stages than it can run; ``on_release`` tells it when one frees.
     """
 
     def __init__(self, slots: int, name: str = "prorl-stages") -> None:
@@ -78,6 +78,7 @@ class StageLoop:
         self._changed = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock = threading.Lock()
+        self._on_release: Callable[[], None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -157,10 +158,22 @@ class StageLoop:
         finally:
             self._release()
 
+    def on_release(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` whenever a slot frees, on the thread that frees it (the loop's, or
+        an admitting one): a consumer that stops fetching while every slot is busy sleeps in its
+        poller meanwhile, and nothing else would wake it before its next timer (about 1 s)."""
+        self._on_release = callback
+
     def _release(self) -> None:
         with self._changed:
             self._busy -= 1
             self._changed.notify_all()
+        callback = self._on_release
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the slot is free anyway; the consumer re-polls within a second
+                log.exception("cannot tell the consumer that a slot of %s is free", self.name)
 
     def close(self) -> None:
         """Take no more stages (waiters get :class:`StageClosed`); running ones go on."""

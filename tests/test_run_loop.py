@@ -2,8 +2,9 @@
 
 The module's own cluster (its own redis-server) has one RUN worker with ``-c 8`` Celery threads
 and ``PRORL_RUN_SLOTS=3``: at most three RUN stages at once, and the others left in the broker's
-queue, not taken by the worker; a cancel aborts one stage on the loop and frees its slot; a stage
-that crashes past every handler error path ends its job alone, well-formed.
+queue, not taken by the worker; a freed slot takes the next queued stage at once (not at the
+consumer's next poll, a second later); a cancel aborts one stage on the loop and frees its slot; a
+stage that crashes past every handler error path ends its job alone, well-formed.
 """
 from __future__ import annotations
 
@@ -71,6 +72,40 @@ def test_slots_bound_the_stages_running_and_the_rest_stay_in_the_queue(service):
     results = [service.result(job_id, wait=60) for job_id in job_ids]
     assert [r["status"] for r in results] == ["completed"] * 8
     assert all(r["eval"] == {"ran": True} for r in results)
+
+
+def run_intervals(cluster: LocalCluster, job_ids: list[str], timeout_s: float) -> list[tuple[float, float]]:
+    """Each job's RUN stage as (start, end) in Redis time, from its record: ``resumed_at`` read
+    while it is in RUN (the claim sets it), plus the ``run_s`` it ends with."""
+    state = redis.Redis.from_url(cluster.state_url, decode_responses=True)
+    started: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pipe = state.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), "status", "resumed_at", "run_s")
+        rows = pipe.execute()
+        for job_id, (status, resumed_at, _) in zip(job_ids, rows):
+            if status == "run" and resumed_at and job_id not in started:
+                started[job_id] = float(resumed_at)
+        if all(status == "completed" for status, _, _ in rows):
+            assert set(started) == set(job_ids), "a RUN stage was missed by the polling"
+            return [(started[j], started[j] + float(run_s)) for j, (_, _, run_s) in zip(job_ids, rows)]
+        time.sleep(0.01)
+    raise AssertionError(f"not all completed after {timeout_s} s: {statuses(cluster, job_ids)}")
+
+
+def test_a_freed_slot_takes_the_next_queued_stage_at_once(service):
+    # four times as many quick stages as slots, all queued at once: every slot runs four in a row
+    job_ids = [service.submit({"data_source": "fault", "run_sleep_s": 0.2}) for _ in range(4 * SLOTS)]
+    intervals = run_intervals(service.cluster, job_ids, 60)
+    starts = sorted(start for start, _ in intervals)
+    ends = sorted(end for _, end in intervals)
+    # the (SLOTS + k)-th stage can start only once k + 1 have ended: its delay after the (k+1)-th
+    # end is how long that freed slot sat idle (a full worker used to notice it ~1 s later)
+    gaps = [starts[SLOTS + k] - ends[k] for k in range(len(starts) - SLOTS)]
+    assert min(gaps) >= 0  # and never more than SLOTS at once
+    assert max(gaps) < 0.4 and sum(gaps) / len(gaps) < 0.15, f"idle slot gaps {[round(g, 3) for g in gaps]}"
 
 
 def test_cancel_aborts_a_stage_on_the_shared_loop_and_frees_its_slot(service):
