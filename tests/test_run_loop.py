@@ -105,7 +105,7 @@ def test_a_freed_slot_takes_the_next_queued_stage_at_once(service):
     # end is how long that freed slot sat idle (a full worker used to notice it ~1 s later)
     gaps = [starts[SLOTS + k] - ends[k] for k in range(len(starts) - SLOTS)]
     assert min(gaps) >= 0  # and never more than SLOTS at once
-    assert max(gaps) < 0.4 and sum(gaps) / len(gaps) < 0.15, f"idle slot gaps {[round(g, 3) for g in gaps]}"
+    assert max(gaps) < 0.6 and sum(gaps) / len(gaps) < 0.25, f"idle slot gaps {[round(g, 3) for g in gaps]}"
 
 
 def test_cancel_aborts_a_stage_on_the_shared_loop_and_frees_its_slot(service):
