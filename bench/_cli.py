@@ -32,3 +32,15 @@ def run_benchmark(run: Callable[[], dict[str, Any]], report: Callable[[dict[str,
     print(report(result))
     print(f"({result['duration_s']:.0f} s{'; logs in ' + result['log_dir'] if 'log_dir' in result else ''})")
     return 0 if passed(result) else 1
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A report's table as Markdown lines (pasted as is into bench/README.md)."""
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
+        ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def machine_note(result: dict[str, Any]) -> str:
+    """The machine a run's figures come from (cores, load before it), for a report's heading."""
+    machine = result["machine"]
+    return f"{machine['cpus']} cores; load {machine['loadavg_before'][0]:.1f} before"

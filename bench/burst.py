@@ -47,7 +47,7 @@ from typing import Any
 
 import httpx
 
-from bench._cli import run_benchmark
+from bench._cli import machine_note, markdown_table, run_benchmark
 from prorl_celery.local import LocalCluster, ManagedProcess
 from prorl_celery.status import Stage
 
@@ -449,17 +449,27 @@ def start_profile(plan: Plan, worker: ManagedProcess, name: str) -> subprocess.P
                              "-p", str(worker.popen.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run(plan: Plan) -> dict[str, Any]:
+def start_run(benchmark: str, plan: Plan, plan_fields: dict[str, Any]) -> tuple[dict[str, Any], Path, str, Path]:
+    """A run's result skeleton (machine, plan), log directory, tokenizer and LLM rules file."""
     from prorl_celery.devmodels import ensure_tokenizer
 
-    log_dir = Path(tempfile.mkdtemp(prefix="prorl-burst-"))
-    tokenizer = str(ensure_tokenizer("qwen3"))
-    rules = rules_file(log_dir, plan)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"prorl-{benchmark}-"))
     result: dict[str, Any] = {
-        "benchmark": "burst", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "log_dir": str(log_dir),
+        "benchmark": benchmark, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "log_dir": str(log_dir),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": os.getloadavg()},
-        "plan": plan.__dict__, "rows": [], "clusters": []}
-    trees = [("this", ROOT)] + ([("baseline", Path(plan.baseline))] if plan.baseline else [])
+        "plan": plan_fields, "rows": []}
+    return result, log_dir, str(ensure_tokenizer("qwen3")), rules_file(log_dir, plan)
+
+
+def trees_of(plan: Plan) -> list[tuple[str, Path]]:
+    """This tree, and the baseline's when one is given: (label, root)."""
+    return [("this", ROOT)] + ([("baseline", Path(plan.baseline))] if plan.baseline else [])
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    result, log_dir, tokenizer, rules = start_run("burst", plan, plan.__dict__)
+    result["clusters"] = []
+    trees = trees_of(plan)
     for size in plan.sizes:
         for round_ in range(plan.repeat):
             for label, tree in (trees if round_ % 2 == 0 else trees[::-1]):
@@ -516,19 +526,16 @@ def versus_baseline(result: dict[str, Any]) -> list[str]:
 
 
 def report(result: dict[str, Any]) -> str:
-    plan = result["plan"]
-    lines = [f"burst of one-turn math jobs, LLM call {plan['delay_s']:g} s (ideal makespan), "
-             f"{result['machine']['cpus']} cores; load {result['machine']['loadavg_before'][0]:.1f} before",
-             "",
-             "| tree | jobs | style | makespan | / ideal | peak in flight | gateway RSS peak | RUN CPU/job | "
-             "RUN RSS idle -> peak | not completed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for row in result["rows"]:
-        cpu = row["cpu_ms_per_job"]
-        lines.append(f"| {row.get('tree', 'this')} r{row.get('round', 0)} | {row['size']} | {row['style']} | "
-                     f"{row['makespan_s']:.2f} s | {row['ratio']:.2f}x | "
-                     f"{row['peak_in_flight']} | {row['gateway_rss_peak_mb']:.0f} MB | {cpu['run']:.1f} ms | "
-                     f"{row['run_rss_idle_mb']:.0f} -> {row['run_rss_peak_mb']:.0f} MB | {row['not_completed']} |")
+    lines = [f"burst of one-turn math jobs, LLM call {result['plan']['delay_s']:g} s (ideal makespan), "
+             + machine_note(result), ""]
+    lines += markdown_table(
+        ["tree", "jobs", "style", "makespan", "/ ideal", "peak in flight", "gateway RSS peak", "RUN CPU/job",
+         "RUN RSS idle -> peak", "not completed"],
+        [[f"{row.get('tree', 'this')} r{row.get('round', 0)}", str(row["size"]), row["style"],
+          f"{row['makespan_s']:.2f} s", f"{row['ratio']:.2f}x", str(row["peak_in_flight"]),
+          f"{row['gateway_rss_peak_mb']:.0f} MB", f"{row['cpu_ms_per_job']['run']:.1f} ms",
+          f"{row['run_rss_idle_mb']:.0f} -> {row['run_rss_peak_mb']:.0f} MB", str(row["not_completed"])]
+         for row in result["rows"]])
     lines.append("")
     lines.append("CPU ms per job by process (gateway, init, run, eval, llm, client):")
     for row in result["rows"]:

@@ -23,18 +23,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench._cli import run_benchmark
-from bench.burst import ROOT, Plan, batched, group_cpu_s, llm_base, named, rules_file, run_async, start_cluster
+from bench._cli import machine_note, markdown_table, run_benchmark
+from bench.burst import Plan, batched, group_cpu_s, llm_base, named, run_async, start_cluster, start_run, trees_of
 from prorl_celery.local import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "slots.json"
@@ -88,23 +86,16 @@ def measure(cluster: LocalCluster, plan: Plan, slots: int, jobs: int, tag: str) 
            "run_cpu_ms_per_job": cpu_run * 1e3 / jobs, "run_idle_cpu_ms_per_s": idle_cpu * 1e3,
            "not_completed": len(bad)}
     print(f"  {slots:>3} slots, {jobs:>4} jobs: makespan {makespan:6.2f} s ({row['ratio']:.2f}x the ideal "
-          f"{ideal:.0f} s), slot gap mean {row['gap_mean_s'] or 0:.3f} s, p90 {row['gap_p90_s'] or 0:.3f} s, "
+          f"{ideal:g} s), slot gap mean {row['gap_mean_s'] or 0:.3f} s, p90 {row['gap_p90_s'] or 0:.3f} s, "
           f"max {row['gap_max_s'] or 0:.3f} s; RUN idle CPU {row['run_idle_cpu_ms_per_s']:.1f} ms/s"
           + (f", {len(bad)} not completed" if bad else ""), file=sys.stderr, flush=True)
     return row
 
 
 def run(plan: Plan, slot_counts: list[int], per_slot: int) -> dict[str, Any]:
-    from prorl_celery.devmodels import ensure_tokenizer
-
-    log_dir = Path(tempfile.mkdtemp(prefix="prorl-slots-"))
-    tokenizer = str(ensure_tokenizer("qwen3"))
-    rules = rules_file(log_dir, plan)
-    result: dict[str, Any] = {
-        "benchmark": "slots", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "log_dir": str(log_dir),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": os.getloadavg()},
-        "plan": {**plan.__dict__, "slots": slot_counts, "jobs_per_slot": per_slot}, "rows": []}
-    trees = [("this", ROOT)] + ([("baseline", Path(plan.baseline))] if plan.baseline else [])
+    result, log_dir, tokenizer, rules = start_run(
+        "slots", plan, {**plan.__dict__, "slots": slot_counts, "jobs_per_slot": per_slot})
+    trees = trees_of(plan)
     for slots in slot_counts:
         for round_ in range(plan.repeat):
             for label, tree in (trees if round_ % 2 == 0 else trees[::-1]):
@@ -132,17 +123,14 @@ def run(plan: Plan, slot_counts: list[int], per_slot: int) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     plan = result["plan"]
     lines = [f"{plan['jobs_per_slot']} one-turn math jobs per RUN slot, LLM call {plan['delay_s']:g} s, "
-             f"{result['machine']['cpus']} cores; load {result['machine']['loadavg_before'][0]:.1f} before",
-             "",
-             "| tree | slots | jobs | makespan | ideal | / ideal | slot gap mean | median | p90 | max | "
-             "RUN CPU/job | RUN idle CPU | not completed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        lines.append(f"| {r['tree']} r{r['round']} | {r['slots']} | {r['jobs']} | {r['makespan_s']:.2f} s | "
-                     f"{r['ideal_s']:.0f} s | {r['ratio']:.2f}x | {r['gap_mean_s']:.3f} s | "
-                     f"{r['gap_median_s']:.3f} s | {r['gap_p90_s']:.3f} s | {r['gap_max_s']:.3f} s | "
-                     f"{r['run_cpu_ms_per_job']:.1f} ms | {r['run_idle_cpu_ms_per_s']:.1f} ms/s | "
-                     f"{r['not_completed']} |")
+             + machine_note(result), ""]
+    lines += markdown_table(
+        ["tree", "slots", "jobs", "makespan", "ideal", "/ ideal", "slot gap mean", "median", "p90", "max",
+         "RUN CPU/job", "RUN idle CPU", "not completed"],
+        [[f"{r['tree']} r{r['round']}", str(r["slots"]), str(r["jobs"]), f"{r['makespan_s']:.2f} s",
+          f"{r['ideal_s']:g} s", f"{r['ratio']:.2f}x", f"{r['gap_mean_s']:.3f} s", f"{r['gap_median_s']:.3f} s",
+          f"{r['gap_p90_s']:.3f} s", f"{r['gap_max_s']:.3f} s", f"{r['run_cpu_ms_per_job']:.1f} ms",
+          f"{r['run_idle_cpu_ms_per_s']:.1f} ms/s", str(r["not_completed"])] for r in result["rows"]])
     rows = {(r["slots"], r["round"], r["tree"]): r for r in result["rows"]}
     versus = [(key, row, rows.get((key[0], key[1], "baseline"))) for key, row in sorted(rows.items())
               if key[2] == "this"]
