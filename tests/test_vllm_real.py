@@ -336,7 +336,10 @@ def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model
     server = vllm_servers[1]
     new_weights = perturbed_weights(vllm_model, tmp_path / "policy-v2")
     assert gateway.post("/add_llm_server", json={"address": server.address, "version": 1}).status_code == 200
-    params = {"temperature": 1.0, "max_tokens": 160, "ignore_eos": True}
+    # long turns, so the update meets them in flight: vLLM's running gauge, which the wait below
+    # reads, can lag by seconds, and with 160-token turns all three first turns were once over
+    # (the jobs between turns) before the update began, leaving no turn to span it
+    params = {"temperature": 1.0, "max_tokens": 480, "ignore_eos": True}
     instances = [{**instance, "instance_id": f"update-{i}", "max_iterations": 2}
                  for i, instance in enumerate(sft_instances()[:3])]
     eventually(lambda: server.running() == 0, 60, "vLLM idle before the test")
