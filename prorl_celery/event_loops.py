@@ -16,7 +16,7 @@ import concurrent.futures
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
@@ -294,16 +294,17 @@ class Batched(Generic[A, T]):
                     log.exception("cannot undo an orphaned batch result")
 
 
-_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
+_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
 _per_loop_lock = threading.Lock()
 
 
-def loop_local(name: str, make: Callable[[], T]) -> T:
-    """The running loop's own ``name`` object (made by ``make`` on first use): per-loop
-    resources such as a :class:`Batched` belong to one loop."""
+def loop_local(key: Hashable, make: Callable[[], T]) -> T:
+    """The running loop's own ``key`` object (made by ``make`` on first use): per-loop
+    resources such as a :class:`Batched` belong to one loop. An object's own resources take a
+    key that names it, e.g. ``(self, "versions")``."""
     loop = asyncio.get_running_loop()
     with _per_loop_lock:
         objects = _per_loop.setdefault(loop, {})
-        if name not in objects:
-            objects[name] = make()
-        return cast(T, objects[name])
+        if key not in objects:
+            objects[key] = make()
+        return cast(T, objects[key])

@@ -9,15 +9,13 @@ it; every model turn records the version of the backend that produced it.
 """
 from __future__ import annotations
 
-import asyncio
-import weakref
 from dataclasses import dataclass
 from typing import cast
 
 import redis
 
 from .. import keys
-from ..event_loops import Batched
+from ..event_loops import Batched, loop_local
 from ..status import JobStatus
 from ..store import load_script
 from .backends import base_url
@@ -46,14 +44,6 @@ class BackendPool:
         self.redis = client
         self._add = load_script(client, "add_backend")
         self._acquire = load_script(client, "acquire_backend")
-        #: per event loop, its batched version reads
-        self._readers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batched[str, int | None]] = \
-            weakref.WeakKeyDictionary()
-        self._acquirers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
-                                                   Batched[tuple[str, int], Assignment | None]] = \
-            weakref.WeakKeyDictionary()
-        self._releasers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batched[str, None]] = \
-            weakref.WeakKeyDictionary()
 
     def add(self, address: str, protocol: str = "vllm", version: int | None = None) -> tuple[bool, int]:
         """Register ``address`` (at policy ``version`` when given); returns (newly added, current
@@ -106,11 +96,7 @@ class BackendPool:
         the loop share one ``HGETALL`` at its end (``event_loops.Batched``), each caller still
         getting a value read after it asked (current at some moment between asking and getting
         it, as a blocking read right there would be)."""
-        loop = asyncio.get_running_loop()
-        reader = self._readers.get(loop)
-        if reader is None:
-            reader = self._readers[loop] = Batched(self._versions_of)
-        return await reader(address)
+        return await loop_local((self, "versions"), lambda: Batched(self._versions_of))(address)
 
     def _versions_of(self, addresses: list[str]) -> list[int | None]:
         versions = self.versions()
@@ -146,10 +132,7 @@ class BackendPool:
         """``acquire``, for a stage on an event loop: the jobs that ask in one iteration of the
         loop share one script call (``event_loops.Batched``). A job
         whose stage was aborted meanwhile gives its backend back."""
-        loop = asyncio.get_running_loop()
-        acquirer = self._acquirers.get(loop)
-        if acquirer is None:
-            acquirer = self._acquirers[loop] = Batched(self.acquire_many, orphaned=self._give_back)
+        acquirer = loop_local((self, "acquire"), lambda: Batched(self.acquire_many, orphaned=self._give_back))
         return await acquirer((job_id, attempt))
 
     def _give_back(self, _job: tuple[str, int], taken: Assignment | None) -> None:
@@ -171,11 +154,7 @@ class BackendPool:
     async def release_on_loop(self, address: str) -> None:
         """``release``, for a stage on an event loop: batched as ``acquire_on_loop``, and done
         even if the stage is aborted meanwhile (the count would stay up for good)."""
-        loop = asyncio.get_running_loop()
-        releaser = self._releasers.get(loop)
-        if releaser is None:
-            releaser = self._releasers[loop] = Batched(self.release_many, shielded=True)
-        await releaser(address)
+        await loop_local((self, "release"), lambda: Batched(self.release_many, shielded=True))(address)
 
     def list(self) -> list[BackendInfo]:
         pipe = self.redis.pipeline(transaction=True)
@@ -189,4 +168,3 @@ class BackendPool:
                         int(versions[address]) if address in versions else None)
             for address, score in members
         ]
-
