@@ -5,7 +5,7 @@ from functools import lru_cache
 from typing import Any
 
 from .auth import ADMIN, OPEN
-from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
+from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest, WaitRequest
 
 _JSON = "application/json"
 
@@ -39,7 +39,7 @@ def _security(path: str) -> list[dict[str, list[str]]]:
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
-    for model in (ProcessRequest, CancelRequest, AddServerRequest, SetVersionRequest):
+    for model in (ProcessRequest, CancelRequest, AddServerRequest, SetVersionRequest, WaitRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -60,6 +60,16 @@ def openapi_document() -> dict[str, Any]:
                                                   {"name": "wait", "in": "query", "schema": {"type": "number"}}],
                                    "responses": {"200": _reply("final result"), "202": _reply("pending"),
                                                  "404": _reply("unknown job")}}},
+        "/jobs/wait": {"post": {
+            "summary": "wait for many jobs: each result as it ends, as NDJSON (chunked)",
+            "description": "One line per job: the body GET /jobs/{job_id} gives for an ended job, in the order "
+                           "they end, those ended already first; {job_id, code: job_not_found, message} for an "
+                           "unknown id; at timeout_s one pending line (status not terminal) per job still "
+                           "running, then the end. Bare newlines are keep-alives.",
+            "requestBody": _body("WaitRequest"),
+            "responses": {"200": {"description": "results as they end",
+                                  "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+                          **ERRORS}}},
         "/cancel": post("cancel jobs", "CancelRequest", "which jobs were cancelled"),
         "/add_llm_server": post("register an LLM backend", "AddServerRequest", "registered"),
         "/clear_llm_server": {"post": {"summary": "forget every backend", "responses": {"200": _reply("generation")}}},

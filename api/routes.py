@@ -5,16 +5,16 @@ import ipaddress
 import threading
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, TypeAdapter
 
 from prorl_celery import job_intake
 from prorl_celery.errors import BadRequest, Forbidden
 from prorl_celery.job_intake import JobSpec
-from prorl_celery.results import build_result, pending_result
+from prorl_celery.results import build_result, pending_result, results_as_they_end
 
 from .extension import app_services
-from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest
+from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest, WaitRequest
 
 bp = Blueprint("jobs", __name__)
 #: most job requests one POST /jobs may carry (each may be a group of num_samples)
@@ -127,6 +127,17 @@ def get_job(job_id: str):
     if not 0 <= wait_s <= 3600:
         raise BadRequest("wait: must be between 0 and 3600 seconds")
     return job_response(job_id, wait_s)
+
+
+@bp.post("/jobs/wait")
+def wait_jobs():
+    """Many jobs' results, streamed as NDJSON as they end (``results_as_they_end``): one request
+    and one registration per job in this process's waiter, instead of one long-poll per job."""
+    body = parse(WaitRequest)
+    lines = results_as_they_end(app_services().store, body.job_ids, body.timeout_s, body.heartbeat_s)
+    # no Content-Length: the server sends it chunked, each wake-up's lines as they come
+    return Response(lines, mimetype="application/x-ndjson", headers={"Cache-Control": "no-store",
+                                                                     "X-Accel-Buffering": "no"})
 
 
 @bp.post("/cancel")

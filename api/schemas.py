@@ -1,7 +1,7 @@
 """Request and response models of the gateway; unknown fields are errors, not silence."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
@@ -108,3 +108,20 @@ class JobAccepted(BaseModel):
     job_id: str
     status: str
     created: bool
+
+
+#: most job ids one POST /jobs/wait may carry (as many as one POST /jobs may create)
+MAX_WAIT_IDS = 10_000
+
+
+class WaitRequest(BaseModel):
+    """``POST /jobs/wait``: stream each job's result as it ends."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_ids: list[Annotated[str, Field(pattern=JOB_ID_PATTERN)]] = Field(
+        min_length=1, max_length=MAX_WAIT_IDS, description=f"1 to {MAX_WAIT_IDS} job ids (repeats count once)")
+    timeout_s: float = Field(600.0, ge=0, le=3600,
+                             description="then one pending line per job still running, and the end")
+    heartbeat_s: float = Field(5.0, ge=0.05, le=60,
+                               description="a bare newline this often while nothing ends (keep-alive)")

@@ -1,6 +1,7 @@
 """Trainer-side clients of the rollout gateway: :class:`AsyncRolloutClient` and :class:`RolloutClient`.
 
-Submit jobs (``POST /jobs``), wait for them (``GET /jobs/<id>?wait=``), iterate results as they
+Submit jobs (``POST /jobs``), wait for one (``GET /jobs/<id>?wait=``) or many (``POST /jobs/wait``:
+one NDJSON stream of results as they end, per ``WAIT_MANY_MAX`` ids), iterate results as they
 complete, cancel, register LLM servers, read the status. Every job id is made here before the
 first attempt, so a submit retried after a lost reply finds the job already created and never
 runs it twice. Requests that fail to connect, or get 502/503/504, are retried with exponential
@@ -25,6 +26,8 @@ private event-loop thread, so retries, fail-over and ``as_completed`` exist once
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
 import threading
 import time
@@ -40,6 +43,12 @@ from .errors import BadRequest, HTTPError, JobNotFound, PayloadTooLarge, ProrlEr
 from .status import TERMINAL
 
 T = TypeVar("T")
+#: most ids one ``POST /jobs/wait`` takes (the gateway's ``api.schemas.MAX_WAIT_IDS``)
+WAIT_MANY_MAX = 10_000
+#: longest single ``POST /jobs/wait``; a wait without a limit reconnects after it with the ids left
+WAIT_WINDOW_S = 600.0
+#: the gateway's keep-alive newline on a quiet stream, this often (a read timeout well above it)
+WAIT_HEARTBEAT_S = 5.0
 TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL)
 RETRY_STATUSES = frozenset({502, 503, 504})
 #: gateway error codes raised as the project's own classes
@@ -281,20 +290,100 @@ class AsyncRolloutClient:
                 raise WaitTimeout(job_id, reply.get("status"))
 
     async def wait_all(self, job_ids: Sequence[str], timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """Every result, in the order of ``job_ids``."""
-        return list(await asyncio.gather(*(self.wait(j, timeout_s) for j in job_ids)))
+        """Every result, in the order of ``job_ids`` (through :meth:`wait_stream`)."""
+        ids = list(job_ids)
+        results: dict[str, dict[str, Any]] = {}
+        async with contextlib.aclosing(self.wait_stream(ids, timeout_s)) as outcomes:
+            async for job_id, outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                results[job_id] = outcome
+        return [results[j] for j in ids]
 
     async def as_completed(self, job_ids: Iterable[str],
                            timeout_s: float | None = None) -> AsyncGenerator[dict[str, Any], None]:
-        """Yield each job's result as it ends; leaving the loop early stops the waiting."""
-        tasks = [asyncio.ensure_future(self.wait(j, timeout_s)) for j in job_ids]
+        """Yield each job's result as it ends (each distinct id once; :meth:`wait_stream`);
+        leaving the loop early stops the waiting. An unknown id raises JobNotFound, a job not
+        ended within ``timeout_s`` WaitTimeout, when its turn comes."""
+        async with contextlib.aclosing(self.wait_stream(job_ids, timeout_s)) as outcomes:
+            async for _, outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                yield outcome
+
+    async def wait_stream(self, job_ids: Iterable[str], timeout_s: float | None = None,
+                          ) -> AsyncGenerator[tuple[str, dict[str, Any] | ProrlError], None]:
+        """``(job_id, outcome)`` for each distinct job as it ends: its result, JobNotFound for an
+        unknown id, or WaitTimeout once ``timeout_s`` passed (None: no limit).
+
+        One ``POST /jobs/wait`` stream per ``WAIT_MANY_MAX`` ids, all at once. A dropped stream
+        (or 502/503/504) is retried under the :class:`RetryPolicy`, failing over, with the ids
+        still left; its budget starts again whenever a result arrives. Once it is spent the
+        generator raises GatewayUnavailable (or the error the gateway answered with).
+        Closing the generator closes the streams, which frees the gateway's waits.
+        """
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        queue: asyncio.Queue[tuple[str, dict[str, Any] | ProrlError] | BaseException] = asyncio.Queue()
+        streams = [asyncio.ensure_future(self._wait_chunk(ids[i:i + WAIT_MANY_MAX], deadline, queue))
+                   for i in range(0, len(ids), WAIT_MANY_MAX)]
         try:
-            for next_done in asyncio.as_completed(tasks):
-                yield await next_done
+            for _ in range(len(ids)):
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in streams:
+                stream.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+
+    async def _wait_chunk(self, job_ids: list[str], deadline: float | None,
+                          queue: asyncio.Queue[tuple[str, dict[str, Any] | ProrlError] | BaseException]) -> None:
+        """Stream one chunk's outcomes into ``queue``, reconnecting with the ids left; its
+        failure goes into the queue too (a task's exception would be seen by nobody)."""
+        left = dict.fromkeys(job_ids)  # ordered: a reconnect asks in the original order
+        started, attempt = time.monotonic(), 0
+        timeout = httpx.Timeout(self.timeout_s, read=max(self.timeout_s, 4 * WAIT_HEARTBEAT_S))
+        try:
+            while left:
+                now = time.monotonic()
+                window = WAIT_WINDOW_S if deadline is None else max(0.0, min(WAIT_WINDOW_S, deadline - now))
+                final = deadline is not None and now + window >= deadline
+                url = self.urls[self._current]
+                body = {"job_ids": list(left), "timeout_s": round(window, 3), "heartbeat_s": WAIT_HEARTBEAT_S}
+                failure: httpx.Response | Exception
+                try:
+                    async with self._wait_slots, self._http.stream("POST", url + "/jobs/wait", json=body,
+                                                                    timeout=timeout) as response:
+                        if response.status_code not in RETRY_STATUSES:
+                            if not response.is_success:
+                                await response.aread()
+                                raise_for_reply(response)
+                            async for line in response.aiter_lines():
+                                outcome = _stream_outcome(line, left, final)
+                                if outcome is not None:
+                                    del left[outcome[0]]
+                                    queue.put_nowait(outcome)
+                                    started, attempt = time.monotonic(), 0  # progress: a fresh budget
+                            continue  # the window ended: the ids left (if any) once more
+                        await response.aread()
+                        failure = response
+                except httpx.TransportError as error:  # refused, dropped mid-stream, read timeout
+                    failure = error
+                self._fail_over(url)
+                self.retried += 1
+                attempt += 1
+                delay = self.retry.delay(attempt)
+                if attempt >= self.retry.attempts or time.monotonic() - started + delay > self.retry.deadline_s:
+                    self._give_up("POST", "/jobs/wait", failure, attempt)
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - raised by wait_stream, in the caller's task
+            queue.put_nowait(error)
 
     async def process(self, instance: dict[str, Any], *, timeout_s: float | None = None,
                       wait_timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
@@ -425,6 +514,25 @@ class RolloutClient:
 
     def status(self) -> dict[str, Any]:
         return self.run(self.aio.status())
+
+
+def _stream_outcome(line: str, left: dict[str, None], final: bool,
+                    ) -> tuple[str, dict[str, Any] | ProrlError] | None:
+    """One line of ``POST /jobs/wait`` as ``(job_id, outcome)``; None for a keep-alive, a job
+    not asked for (any more), or a pending job whose wait goes on in the next window."""
+    if not line.strip():
+        return None
+    reply = json.loads(line)
+    job_id = reply.get("job_id")
+    if job_id not in left:
+        return None
+    status = reply.get("status")
+    if status is None and "code" in reply:  # the 404 body of an unknown id
+        cls = SERVER_ERRORS.get(str(reply["code"]), JobNotFound)
+        return job_id, cls(str(reply.get("message", job_id)))
+    if status in TERMINAL_STATUSES:
+        return job_id, reply
+    return (job_id, WaitTimeout(job_id, status)) if final else None
 
 
 async def _make_async(urls: str | Sequence[str], options: dict[str, Any]) -> AsyncRolloutClient:

@@ -1,11 +1,21 @@
 """The final result of a job, as ``/process`` and ``GET /jobs/<id>`` return it."""
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
-from .status import Stage
-from .store import JobRecord, JobStore
+import msgspec
+
+from . import keys
+from .errors import JobNotFound
+from .status import TERMINAL, Stage
+from .store import JobRecord, JobStore, decode_record
+from .waiting import ManyWait
 from .wire_v1 import v1_fields
+
+TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
+_ENCODER = msgspec.json.Encoder()
 
 
 def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
@@ -41,9 +51,101 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
     return result
 
 
-def pending_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
-    """What a caller sees while the job is still on its way."""
+def pending_result(store: JobStore, record: JobRecord, now: float | None = None) -> dict[str, Any]:
+    """What a caller sees while the job is still on its way (``now``: Redis time, if read)."""
     status = record.status
     return {"job_id": record.id, "status": status.value,
             "stage": status.stage.value if status.stage else None,
-            "timing": store.timing(record).to_dict()}
+            "timing": store.timing(record, now=now).to_dict()}
+
+
+def not_found_line(job_id: str) -> dict[str, Any]:
+    """The line of ``POST /jobs/wait`` for an id with no job: the 404 body, naming the id."""
+    return {"job_id": job_id, "code": JobNotFound.code,
+            "message": f"no job with id {job_id!r} (unknown, or its result expired)"}
+
+
+def load_many(store: JobStore, job_ids: list[str]) -> list[JobRecord | None]:
+    """Many job records in one pipelined round trip (None: no such job)."""
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hgetall(keys.job(job_id))
+    return [decode_record(raw) if raw else None for raw in pipe.execute()]
+
+
+def results_as_they_end(store: JobStore, job_ids: list[str], timeout_s: float,
+                        heartbeat_s: float) -> Iterator[bytes]:
+    """``POST /jobs/wait``'s body: NDJSON, one line per job as it ends (the ``build_result`` of
+    ``GET /jobs/<id>``), those ended already first; after ``timeout_s`` a ``pending_result``
+    line for each job still running, then the end. A bare newline every ``heartbeat_s`` without
+    an ending keeps proxies from closing the connection and lets the server find a client gone
+    (a write fails and the server closes this generator, which unregisters every wait).
+
+    No thread or connection per job: one ``ManyWait`` of the process's waiter, registered
+    before the statuses are read (one pipelined round trip), so no ending is missed (see
+    ``prorl_celery.waiting``); the records of the jobs one wake-up reports are read in one
+    pipelined round trip too.
+    """
+    deadline = time.monotonic() + timeout_s
+    many = store.waiter.register_many(job_ids)
+    try:
+        ids = many.job_ids
+        statuses = store.waiter.read_statuses(ids)
+        missing = [j for j, s in zip(ids, statuses) if s is None]
+        many.drop(missing)
+        left = {j for j, s in zip(ids, statuses) if s is not None}
+        lines = [not_found_line(j) for j in missing]
+        lines += _report(store, many, left, [j for j, s in zip(ids, statuses) if s in TERMINAL_VALUES])
+        yield _ndjson(lines) if lines else b"\n"  # at once: the client sees the headers
+        while left:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ended = [j for j in dict.fromkeys(many.take(min(heartbeat_s, remaining))) if j in left]
+            if ended:
+                lines = _report(store, many, left, ended)
+                if lines:
+                    yield _ndjson(lines)
+            elif time.monotonic() < deadline:
+                yield b"\n"
+        if left:
+            yield _ndjson(_at_the_deadline(store, sorted(left)))
+    finally:
+        many.close()
+
+
+def _report(store: JobStore, many: ManyWait, left: set[str], job_ids: list[str]) -> list[dict[str, Any]]:
+    """The lines of the jobs of ``job_ids`` that have ended (read in one round trip); they leave
+    ``left`` and stop being waited on. A job woken but not ended (it cannot un-end; a record
+    re-created under its id after expiry could) stays."""
+    if not job_ids:
+        return []
+    lines, done = [], []
+    for job_id, record in zip(job_ids, load_many(store, job_ids)):
+        if record is None:
+            lines.append(not_found_line(job_id))
+        elif record.status.terminal:
+            lines.append(build_result(store, record))
+        else:
+            continue
+        done.append(job_id)
+    left.difference_update(done)
+    many.drop(done)
+    return lines
+
+
+def _at_the_deadline(store: JobStore, job_ids: list[str]) -> list[dict[str, Any]]:
+    now = store.server_time()  # once: pending_result would ask Redis for each job
+    lines = []
+    for job_id, record in zip(job_ids, load_many(store, job_ids)):
+        if record is None:
+            lines.append(not_found_line(job_id))
+        elif record.status.terminal:
+            lines.append(build_result(store, record))
+        else:
+            lines.append(pending_result(store, record, now=now))
+    return lines
+
+
+def _ndjson(lines: list[dict[str, Any]]) -> bytes:
+    return b"".join(_ENCODER.encode(line) + b"\n" for line in lines)

@@ -12,6 +12,12 @@ listener's cursor is taken before the first registration, so an ending either pr
 status read (seen there) or follows the cursor (seen by the listener). The stream is capped and
 Redis can restart, so the listener also re-reads the status of every waited-on job every
 ``sweep_s`` (one pipelined round trip) and wakes those that ended.
+
+One request may wait for many jobs (``POST /jobs/wait``): ``register_many`` registers them all
+at once, before their statuses are read (one pipelined round trip, ``read_statuses``), and
+returns a :class:`ManyWait` whose one event the listener sets for any of them, with the ids that
+ended queued behind it; the argument above holds per id. Each id costs a small registration
+object, not an event to park on, a thread or a connection.
 """
 from __future__ import annotations
 
@@ -19,8 +25,8 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import Protocol, cast
 
 import redis
 
@@ -33,11 +39,65 @@ TERMINAL = frozenset(s.value for s in JobStatus if s.terminal)
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 10.0  # listener's reconnect backoff while Redis is away
 
 
+class _Wakeable(Protocol):
+    def set(self) -> None: ...
+
+
+class ManyWait:
+    """The ids of many waited-on jobs that the listener saw end, in the order it saw them.
+
+    ``take`` blocks (cooperatively under gevent: the event and lock are patched) until at least
+    one id is queued or the timeout passes. An id may be queued more than once (the stream and
+    the sweep both saw it): the caller keeps its own set of ids still to report."""
+
+    def __init__(self, waiter: CompletionWaiter, job_ids: list[str]) -> None:
+        self.waiter = waiter
+        self.job_ids = job_ids
+        self._members = {job_id: _Member(self, job_id) for job_id in job_ids}
+        self._ended: list[str] = []
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+
+    def _add(self, job_id: str) -> None:
+        with self._lock:
+            self._ended.append(job_id)
+        self._event.set()
+
+    def take(self, timeout_s: float) -> list[str]:
+        """The ids queued since the last call (waiting up to ``timeout_s`` for one)."""
+        self._event.wait(max(0.0, timeout_s))
+        with self._lock:
+            self._event.clear()  # under the lock: an id added after the swap sets it again
+            ended, self._ended = self._ended, []
+        return ended
+
+    def drop(self, job_ids: Iterable[str]) -> None:
+        """Stop waiting for these ids (reported already)."""
+        self.waiter._unregister_members([(j, m) for j in job_ids if (m := self._members.pop(j, None)) is not None])
+
+    def close(self) -> None:
+        """Stop waiting for every id left (the stream ended, or its client went away)."""
+        members, self._members = self._members, {}
+        self.waiter._unregister_members(list(members.items()))
+
+
+class _Member:
+    """One id's registration of a ManyWait: set() queues the id there."""
+
+    __slots__ = ("job_id", "wait")
+
+    def __init__(self, wait: ManyWait, job_id: str) -> None:
+        self.wait, self.job_id = wait, job_id
+
+    def set(self) -> None:
+        self.wait._add(self.job_id)
+
+
 class CompletionWaiter:
     def __init__(self, client: redis.Redis, sweep_s: float = 5.0) -> None:
         self.redis = client
         self.sweep_s = sweep_s
-        self._events: dict[str, list[threading.Event]] = {}
+        self._events: dict[str, list[_Wakeable]] = {}
         #: status named by the stream for a job being waited on (spares the waiter a re-read)
         self._ended: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -56,13 +116,35 @@ class CompletionWaiter:
         return event
 
     def unregister(self, job_id: str, event: threading.Event) -> None:
+        self._unregister_members([(job_id, event)])
+
+    def register_many(self, job_ids: Iterable[str]) -> ManyWait:
+        """Start waiting for every one of ``job_ids`` (duplicates once) under one lock; read
+        their statuses only after this (``read_statuses``), as ``wait`` does for one. Close the
+        returned :class:`ManyWait` when done (it unregisters whatever is left)."""
+        many = ManyWait(self, list(dict.fromkeys(job_ids)))
+        self._ensure_started()  # the cursor precedes the registrations (module doc)
         with self._lock:
-            waiting = self._events.get(job_id, [])
-            if event in waiting:
-                waiting.remove(event)
-            if not waiting:
-                self._events.pop(job_id, None)
-                self._ended.pop(job_id, None)
+            for job_id, member in many._members.items():
+                self._events.setdefault(job_id, []).append(member)
+        return many
+
+    def read_statuses(self, job_ids: list[str]) -> list[str | None]:
+        """Every job's status in one pipelined round trip (None: no such job)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        return cast(list[str | None], pipe.execute())
+
+    def _unregister_members(self, members: list[tuple[str, _Wakeable]]) -> None:
+        with self._lock:
+            for job_id, member in members:
+                waiting = self._events.get(job_id, [])
+                if member in waiting:
+                    waiting.remove(member)
+                if not waiting:
+                    self._events.pop(job_id, None)
+                    self._ended.pop(job_id, None)
 
     def wait(self, job_id: str, timeout_s: float, read_status: Callable[[], JobStatus | None], *,
              skip_first_read: bool = False, registered: threading.Event | None = None) -> JobStatus | None:
@@ -128,7 +210,7 @@ class CompletionWaiter:
         return newest[0][0] if newest else "0-0"
 
     def _wake(self, job_ids: list[str], statuses: list[str] | None = None) -> None:
-        events = []
+        events: list[_Wakeable] = []
         with self._lock:
             for index, job_id in enumerate(job_ids):
                 waiting = self._events.get(job_id)
@@ -170,10 +252,8 @@ class CompletionWaiter:
             job_ids = list(self._events)
         if not job_ids:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hget(keys.job(job_id), "status")
-        self._wake([j for j, status in zip(job_ids, pipe.execute()) if status is None or status in TERMINAL])
+        statuses = self.read_statuses(job_ids)
+        self._wake([j for j, status in zip(job_ids, statuses) if status is None or status in TERMINAL])
 
 
 class _Listening:

@@ -100,7 +100,8 @@ class FakeGateway:
 
     async def serve(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        self.requests[f"{request.method} {path.split('/jobs/')[0] or '/jobs/<id>'}"] += 1
+        route = path if path == "/jobs/wait" else path.split("/jobs/")[0] or "/jobs/<id>"
+        self.requests[f"{request.method} {route}"] += 1
         payload = json.loads(request.content) if request.content else {}
         if request.method == "POST" and path == "/jobs":
             if isinstance(payload, list):  # a batch: each request on its own, answers in order
@@ -108,6 +109,8 @@ class FakeGateway:
                 bad = next((r for r in replies if r.status_code != 202), None)
                 return bad or httpx.Response(202, json={"jobs": [json.loads(r.content) for r in replies]})
             return self.create(payload)
+        if request.method == "POST" and path == "/jobs/wait":
+            return self.wait_many(payload["job_ids"], float(payload.get("timeout_s", 600)))
         if request.method == "GET" and path.startswith("/jobs/"):
             return await self.get(path.removeprefix("/jobs/"), float(request.url.params.get("wait", 0)))
         if path == "/cancel":
@@ -145,6 +148,31 @@ class FakeGateway:
         except TimeoutError:
             return httpx.Response(202, json={"job_id": job_id, "status": job.status})
         return httpx.Response(200, json=job.result())
+
+    def wait_many(self, job_ids: list[str], timeout_s: float) -> httpx.Response:
+        """``POST /jobs/wait``: NDJSON lines as the jobs end, unknown ids first, pending ones at the timeout."""
+        ids = list(dict.fromkeys(job_ids))
+
+        async def lines():
+            for job_id in ids:
+                if job_id not in self.jobs:
+                    yield json.dumps({"job_id": job_id, "code": "job_not_found", "message": job_id}).encode() + b"\n"
+            waits = {asyncio.ensure_future(self.jobs[j].ended.wait()): j for j in ids if j in self.jobs}
+            deadline = time.monotonic() + timeout_s
+            try:
+                while waits:
+                    done, _ = await asyncio.wait(waits, timeout=max(0.0, deadline - time.monotonic()),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if not done:
+                        break
+                    for task in done:
+                        yield json.dumps(self.jobs[waits.pop(task)].result()).encode() + b"\n"
+                for job_id in waits.values():
+                    yield json.dumps({"job_id": job_id, "status": self.jobs[job_id].status}).encode() + b"\n"
+            finally:
+                for task in waits:
+                    task.cancel()
+        return httpx.Response(200, headers={"content-type": "application/x-ndjson"}, content=lines())
 
     def cancel(self, ids: list[str]) -> httpx.Response:
         cancelled, not_cancelled = [], {}
@@ -257,6 +285,30 @@ async def test_async_as_completed_yields_in_completion_order():
         order = [r["reward"] async for r in client.as_completed(ids)]
         assert order == [0.0, 0.1, 0.2, 0.3]
         assert [r["reward"] for r in await client.wait_all(ids)] == [0.3, 0.1, 0.2, 0.0]
+
+
+@pytest.mark.anyio
+async def test_many_waits_are_one_stream_per_chunk_resumed_after_a_drop(monkeypatch):
+    import prorl_celery.client as client_module
+
+    monkeypatch.setattr(client_module, "WAIT_MANY_MAX", 2)
+    fake = FakeGateway()
+    async with fake_client(fake) as client:
+        ids = await client.submit_many(JobRequest({"delay": d, "reward": d}) for d in (0.3, 0.1, 0.2, 0.0, 0.15))
+        fake.faults = [httpx.ReadError]  # the first stream fails: retried with its ids
+        order = [r["reward"] async for r in client.as_completed(ids)]
+        assert order == [0.0, 0.1, 0.15, 0.2, 0.3]
+        assert fake.requests["POST /jobs/wait"] == 3 and "GET /jobs/<id>" not in fake.requests  # 3 chunks
+        assert client.retried == 1
+        with pytest.raises(JobNotFound):
+            [r async for r in client.as_completed([ids[0], "nope"])]
+        slow = await client.submit({"delay": 5})
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout) as caught:
+            await client.wait_all([ids[0], slow], timeout_s=0.2)
+        assert caught.value.job_id == slow and caught.value.status == "run" and time.monotonic() - started < 2
+        outcomes = [o async for o in client.wait_stream([slow, "nope"], timeout_s=0.1)]
+        assert [(j, type(o).__name__) for j, o in outcomes] == [("nope", "JobNotFound"), (slow, "WaitTimeout")]
 
 
 @pytest.mark.anyio
