@@ -9,7 +9,11 @@ the delay. For each burst size, side by side on the same cluster and the same LL
   /v1/completions`` with the job's prompt ids, as the RUN stage sends them), all at once from
   one asyncio client: what the machine can do with no service in between;
 - **batched**: ``POST /jobs`` in batches (the client's ``submit_many``), then every result
-  waited on with ``GET /jobs/<id>?wait=`` (``wait_all``);
+  streamed back by one ``POST /jobs/wait`` (NDJSON, a line per job as it ends; what the
+  client's ``wait_all`` and ``as_completed`` do);
+- **batched-perjob**: the same submission, then one ``GET /jobs/<id>?wait=`` per job, all at
+  once (how the client waited before ``POST /jobs/wait``): not run unless named in
+  ``--styles``, e.g. ``--styles floor,batched-perjob,batched`` to compare the two waits;
 - **process**: one blocking ``POST /process`` per job, all at once (how v1 trainers call).
 
 Reported per (size, style): makespan and makespan / ideal, the peak number of requests in
@@ -20,6 +24,7 @@ process group), and the RUN worker's CPU per job and RSS (idle before the burst,
     python -m bench.burst --quick              # 64 and 256 jobs of 2 s
     python -m bench.burst --sizes 1000 --styles process --delay 10 --repeat 2
     python -m bench.burst --sizes 1000 --baseline /tmp/old    # beside an older tree, interleaved
+    python -m bench.burst --sizes 1000 --styles floor,batched-perjob,batched   # both waits, one run
 
 Each size gets a cluster of its own (RUN ``-c`` = the size unless ``--run-concurrency``), warmed
 by one wave of short jobs first; styles are interleaved over ``--repeat`` rounds. With
@@ -41,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,7 @@ from typing import Any
 import httpx
 
 from bench._cli import machine_note, markdown_table, run_benchmark
+from prorl_celery.client import TERMINAL_STATUSES
 from prorl_celery.local import LocalCluster, ManagedProcess
 from prorl_celery.status import Stage
 
@@ -55,6 +62,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "burst.json"
 TARGET_RATIO = 1.25
 TARGET_SIZE = 1000
+STYLES = ("floor", "batched", "batched-perjob", "process")
+#: ids per POST /jobs/wait (the gateway's cap, api.schemas.MAX_WAIT_IDS)
+WAIT_CHUNK = 10_000
 SAMPLING = {"max_tokens": 64, "temperature": 0.0}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -99,7 +109,7 @@ def parse_args(argv: list[str] | None) -> Plan:
     args = parser.parse_args(argv)
     sizes = args.sizes or ("64,256" if args.quick else "256,1000,4000")
     styles = [s.strip() for s in args.styles.split(",") if s.strip()]
-    unknown = set(styles) - {"floor", "batched", "process"}
+    unknown = set(styles) - set(STYLES)
     if unknown:
         parser.error(f"--styles: unknown {sorted(unknown)}")
     return Plan(sizes=[int(s) for s in sizes.split(",")], styles=styles,
@@ -256,6 +266,39 @@ class LightHTTP:
             return await self._request(method, path, body, retries)
 
     async def _request(self, method: str, path: str, body: Any, retries: int) -> tuple[int, Any]:
+        reader, writer = await self._send(method, path, body, retries)
+        try:
+            status, length, chunked = await self._head(reader)
+            if chunked:
+                data = b"".join([chunk async for chunk in self._chunks(reader)])
+            elif length is not None:
+                data = await reader.readexactly(length)
+            else:
+                data = await reader.read()
+        finally:
+            writer.close()
+        return status, json.loads(data) if data else None
+
+    async def stream_lines(self, method: str, path: str, body: Any = None, retries: int = 20) -> AsyncIterator[Any]:
+        """A chunked NDJSON reply (``POST /jobs/wait``), each line decoded as it arrives; blank
+        lines (the gateway's keep-alives) are skipped."""
+        reader, writer = await self._send(method, path, body, retries)
+        try:
+            status, length, chunked = await self._head(reader)
+            if status != 200 or not chunked:
+                data = await (reader.readexactly(length) if length is not None else reader.read())
+                raise RuntimeError(f"{method} {path}: {status} {data[:500]!r}")
+            rest = b""
+            async for chunk in self._chunks(reader):
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            writer.close()
+
+    async def _send(self, method: str, path: str, body: Any,
+                    retries: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         payload = json.dumps(body).encode() if body is not None else b""
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nConnection: close\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
@@ -267,30 +310,28 @@ class LightHTTP:
                 await asyncio.sleep(0.05 * (attempt + 1))
         else:
             raise ConnectionError(f"cannot connect to {self.host}:{self.port}")
-        try:
-            writer.write(head + payload)
-            status_line = await reader.readline()
-            status = int(status_line.split()[1])
-            length, chunked = None, False
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                name = name.strip().lower()
-                if name == "content-length":
-                    length = int(value)
-                elif name == "transfer-encoding" and "chunked" in value.lower():
-                    chunked = True
-            if chunked:
-                data = b""
-                while (size := int((await reader.readline()).strip() or b"0", 16)):
-                    data += await reader.readexactly(size)
-                    await reader.readline()
-            elif length is not None:
-                data = await reader.readexactly(length)
-            else:
-                data = await reader.read()
-        finally:
-            writer.close()
-        return status, json.loads(data) if data else None
+        writer.write(head + payload)
+        return reader, writer
+
+    @staticmethod
+    async def _head(reader: asyncio.StreamReader) -> tuple[int, int | None, bool]:
+        """Status, Content-Length and whether the body is chunked."""
+        status = int((await reader.readline()).split()[1])
+        length, chunked = None, False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+        return status, length, chunked
+
+    @staticmethod
+    async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        while (size := int((await reader.readline()).strip() or b"0", 16)):
+            yield await reader.readexactly(size)
+            await reader.readline()
 
 
 async def floor(cluster: LocalCluster, size: int, tag: str, prompt_ids: list[int],
@@ -314,8 +355,10 @@ def job_ids(tag: str, size: int) -> list[str]:
     return [f"{tag.replace(' ', '-')}-{os.getpid()}-{time.time_ns()}-{i}" for i in range(size)]
 
 
-async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float]) -> tuple[float, list[dict]]:
-    """submit_many (POST /jobs in batches), then every job's GET /jobs/<id>?wait=, all at once."""
+async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
+                  per_job: bool = False) -> tuple[float, list[dict]]:
+    """submit_many (POST /jobs in batches), then one POST /jobs/wait stream per WAIT_CHUNK ids
+    (``per_job``: every job's GET /jobs/<id>?wait=, all at once, instead)."""
     from prorl_celery.client import AsyncRolloutClient, JobRequest
 
     ids = job_ids(tag, size)
@@ -333,8 +376,24 @@ async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float]) -
         t0.append(time.time())
         started = time.perf_counter()
         await client.submit_many(requests)
-        results = await asyncio.gather(*(result(job_id) for job_id in ids))
-        return time.perf_counter() - started, list(results)
+        if per_job:
+            results = list(await asyncio.gather(*(result(job_id) for job_id in ids)))
+        else:
+            chunks = await asyncio.gather(*(streamed(gateway, ids[i:i + WAIT_CHUNK])
+                                            for i in range(0, len(ids), WAIT_CHUNK)))
+            results = [r for chunk in chunks for r in chunk]
+        return time.perf_counter() - started, results
+
+
+async def streamed(gateway: LightHTTP, ids: list[str]) -> list[dict]:
+    """Every job's result through one POST /jobs/wait, as the jobs end."""
+    results = [line async for line in gateway.stream_lines("POST", "/jobs/wait",
+                                                            {"job_ids": ids, "timeout_s": 600})]
+    unfinished = [r for r in results if r.get("status") not in TERMINAL_STATUSES]
+    if unfinished or len(results) != len(ids):
+        raise RuntimeError(f"POST /jobs/wait: {len(results)} lines for {len(ids)} jobs, "
+                           f"not ended: {unfinished[:3]}")
+    return results
 
 
 async def process(cluster: LocalCluster, size: int, tag: str, t0: list[float]) -> tuple[float, list[dict]]:
@@ -408,8 +467,8 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
     with Sampler({"gateway": gateway, "run": run_worker}) as sampler:
         if style == "floor":
             makespan, results = run_async(floor(cluster, size, tag, prompt_ids, t0))
-        elif style == "batched":
-            makespan, results = run_async(batched(cluster, size, tag, t0))
+        elif style in ("batched", "batched-perjob"):
+            makespan, results = run_async(batched(cluster, size, tag, t0, per_job=style == "batched-perjob"))
         else:
             makespan, results = run_async(process(cluster, size, tag, t0))
     own_cpu = time.process_time() - own_before
@@ -430,7 +489,7 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
            "gateway_rss_idle_mb": idle["gateway_rss_mb"], "gateway_rss_peak_mb": sampler.peak["gateway"],
            "run_rss_idle_mb": idle["run_rss_mb"], "run_rss_peak_mb": sampler.peak["run"],
            "cpu_ms_per_job": {k: v * 1e3 / size for k, v in cpu.items()}}
-    print(f"  {size:>5} {style:<8} makespan {makespan:6.2f} s ({row['ratio']:.2f}x ideal), peak in flight "
+    print(f"  {size:>5} {style:<14} makespan {makespan:6.2f} s ({row['ratio']:.2f}x ideal), peak in flight "
           f"{row['peak_in_flight']}, all admitted after {row['admitted_s'] or 0:.2f} s, "
           f"gateway {row['gateway_rss_peak_mb']:.0f} MB, RUN {row['run_rss_peak_mb']:.0f} MB, "
           f"RUN CPU {row['cpu_ms_per_job']['run']:.1f} ms/job, arrivals at the LLM over "
@@ -496,7 +555,7 @@ def run_cluster(plan: Plan, result: dict[str, Any], size: int, round_: int, labe
         info = {"size": size, "round": round_, "tree": label, "run_rss_started_mb": group_rss_mb(run_worker),
                 "gateway_rss_started_mb": group_rss_mb(named(cluster, "gateway"))}
         prompt_ids = prompt_of_job(cluster, tokenizer)
-        if plan.warmup and {"batched", "process"} & set(styles):
+        if plan.warmup and set(styles) - {"floor"}:
             started = time.perf_counter()
             run_async(batched(cluster, size, "BURSTWARM", []))
             info["warmup_s"] = time.perf_counter() - started
@@ -517,11 +576,28 @@ def versus_baseline(result: dict[str, Any]) -> list[str]:
     for (size, style, round_, tree), row in sorted(rows.items()):
         other = rows.get((size, style, round_, "baseline"))
         if tree == "this" and other is not None and style != "floor":
-            lines.append(f"  {size:>5} {style:<8} round {round_}: makespan {row['makespan_s']:.2f} s vs "
+            lines.append(f"  {size:>5} {style:<14} round {round_}: makespan {row['makespan_s']:.2f} s vs "
                          f"{other['makespan_s']:.2f} s = {row['makespan_s'] / other['makespan_s']:.2f}x the "
                          f"baseline's; last arrival at the LLM {row.get('llm_last_arrival_s', 0):.2f} vs "
                          f"{other.get('llm_last_arrival_s', 0):.2f} s; RUN CPU/job "
                          f"{row['cpu_ms_per_job']['run']:.1f} vs {other['cpu_ms_per_job']['run']:.1f} ms")
+    return lines
+
+
+def versus_perjob(result: dict[str, Any]) -> list[str]:
+    """batched (one POST /jobs/wait) over batched-perjob (a GET ?wait= per job), same cluster and round."""
+    rows = {(r["size"], r["style"], r.get("round", 0), r.get("tree", "this")): r for r in result["rows"]}
+    lines = []
+    for (size, style, round_, tree), row in sorted(rows.items()):
+        other = rows.get((size, "batched-perjob", round_, tree))
+        if style == "batched" and other is not None:
+            mine, theirs = row["cpu_ms_per_job"], other["cpu_ms_per_job"]
+            lines.append(f"  {tree:<8} {size:>5} round {round_}: makespan {row['makespan_s']:.2f} vs "
+                         f"{other['makespan_s']:.2f} s = {row['makespan_s'] / other['makespan_s']:.2f}x; gateway "
+                         f"CPU/job {mine['gateway']:.2f} vs {theirs['gateway']:.2f} ms = "
+                         f"{mine['gateway'] / max(theirs['gateway'], 1e-9):.2f}x; client {mine['client']:.2f} vs "
+                         f"{theirs['client']:.2f} ms; last arrival at the LLM {row.get('llm_last_arrival_s', 0):.2f} "
+                         f"vs {other.get('llm_last_arrival_s', 0):.2f} s")
     return lines
 
 
@@ -541,14 +617,18 @@ def report(result: dict[str, Any]) -> str:
     for row in result["rows"]:
         cpu = row["cpu_ms_per_job"]
         per_process = "  ".join(f"{k} {cpu[k]:.1f}" for k in ("gateway", "init", "run", "eval", "llm", "client"))
-        lines.append(f"  {row.get('tree', 'this'):<8} {row['size']:>5} {row['style']:<8} {per_process}")
+        lines.append(f"  {row.get('tree', 'this'):<8} {row['size']:>5} {row['style']:<14} {per_process}")
     lines.append("RUN worker per stage (one LLM turn per job): memory per stage in flight = (peak - idle RSS) / "
                  "peak in flight; CPU per turn = RUN CPU per job")
     for row in result["rows"]:
         if row["style"] != "floor" and row["peak_in_flight"]:
             per_slot_kb = (row["run_rss_peak_mb"] - row["run_rss_idle_mb"]) * 1024 / row["peak_in_flight"]
-            lines.append(f"  {row.get('tree', 'this'):<8} {row['size']:>5} {row['style']:<8} {per_slot_kb:.0f} KB per "
+            lines.append(f"  {row.get('tree', 'this'):<8} {row['size']:>5} {row['style']:<14} {per_slot_kb:.0f} KB per "
                          f"stage in flight, {row['cpu_ms_per_job']['run']:.1f} ms CPU per turn")
+    perjob = versus_perjob(result)
+    if perjob:
+        lines.append("batched (one POST /jobs/wait) against batched-perjob (GET /jobs/<id>?wait= each), same cluster:")
+        lines += perjob
     if any(r.get("tree") == "baseline" for r in result["rows"]):
         lines.append("this tree against the baseline, same round:")
         lines += versus_baseline(result)

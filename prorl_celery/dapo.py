@@ -37,6 +37,7 @@ and, given a ``busy_probe``, the fraction of the step the backends were busy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -85,7 +86,9 @@ class AsyncDAPOCollector:
         self._groups: dict[int, Group] = {}
         #: (group key, index, job id if one was already tried) of rollouts not yet submitted
         self._pending: deque[tuple[int, int, str | None]] = deque()
+        #: job id -> (rollout, the task of the POST /jobs/wait stream watching it: one per batch)
         self._watchers: dict[str, tuple[Rollout, asyncio.Task]] = {}
+        self._unwatched: list[Rollout] = []  # submitted, their stream not yet started
         self._results: asyncio.Queue[tuple[Rollout, dict[str, Any] | Exception]] = asyncio.Queue()
         self._orphans: list[Rollout] = []  # rollouts whose wait failed; watched again next step
         self._ready: list[Group] = []  # informative groups completed beyond the last batch
@@ -188,6 +191,7 @@ class AsyncDAPOCollector:
         for rollout in self._orphans:
             self._watch(rollout)
         self._orphans.clear()
+        self._start_watching()
 
     def _take_ready(self, stats: StepStats) -> list[Group]:
         """Groups completed after the last batch was cut, if still fresh enough."""
@@ -220,6 +224,7 @@ class AsyncDAPOCollector:
         if batch:
             outcomes = await self._submit_all(batch)
             errors = [self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes, strict=True)]
+            self._start_watching()
             for error in errors:
                 if error is not None:
                     raise error
@@ -281,15 +286,32 @@ class AsyncDAPOCollector:
         return None
 
     def _watch(self, rollout: Rollout) -> None:
-        task = asyncio.ensure_future(self._wait(rollout))
-        self._watchers[rollout.job_id] = (rollout, task)
+        """Watch from the next ``_start_watching``: the rollouts of one submission share a stream."""
+        self._unwatched.append(rollout)
 
-    async def _wait(self, rollout: Rollout) -> None:
+    def _start_watching(self) -> None:
+        """One ``POST /jobs/wait`` stream (the client's ``wait_stream``) for every rollout
+        submitted since the last call, instead of a long-poll each."""
+        rollouts, self._unwatched = self._unwatched, []
+        if rollouts:
+            task = asyncio.ensure_future(self._wait(rollouts))
+            self._watchers.update((r.job_id, (r, task)) for r in rollouts)
+
+    async def _wait(self, rollouts: list[Rollout]) -> None:
+        left = {r.job_id: r for r in rollouts}
         try:
-            outcome: dict[str, Any] | Exception = await self.client.wait(rollout.job_id)
-        except Exception as error:  # noqa: BLE001 - handed to next_batch, which decides
-            outcome = error
-        self._watchers.pop(rollout.job_id, None)
+            async with contextlib.aclosing(self.client.wait_stream(list(left))) as outcomes:
+                async for job_id, outcome in outcomes:
+                    self._deliver(left.pop(job_id), outcome)
+        except Exception as error:  # noqa: BLE001 - the gateway is gone: next_batch decides for each
+            for rollout in left.values():
+                self._deliver(rollout, error)
+
+    def _deliver(self, rollout: Rollout, outcome: dict[str, Any] | Exception) -> None:
+        watched = self._watchers.get(rollout.job_id)
+        if watched is None or watched[0] is not rollout:  # cancelled or dropped meanwhile
+            return
+        del self._watchers[rollout.job_id]
         self._results.put_nowait((rollout, outcome))
 
     # -- results -------------------------------------------------------------------------------------
@@ -350,11 +372,15 @@ class AsyncDAPOCollector:
         self._cancel_rollouts(group)
 
     def _cancel_rollouts(self, group: Group) -> None:
+        streams = set()
         for rollout in group.rollouts.values():
             watched = self._watchers.pop(rollout.job_id, None)
             if watched is not None:
-                watched[1].cancel()
+                streams.add(watched[1])
                 self._to_cancel.append(rollout.job_id)
+        # a stream that watches nobody else any more is closed (its lines would be dropped)
+        for stream in streams - {task for _, task in self._watchers.values()}:
+            stream.cancel()
 
     async def _flush_cancels(self, stats: StepStats) -> list[str]:
         ids, self._to_cancel = self._to_cancel, []

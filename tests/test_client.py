@@ -110,7 +110,7 @@ class FakeGateway:
                 return bad or httpx.Response(202, json={"jobs": [json.loads(r.content) for r in replies]})
             return self.create(payload)
         if request.method == "POST" and path == "/jobs/wait":
-            return self.wait_many(payload["job_ids"], float(payload.get("timeout_s", 600)))
+            return self.wait_many(payload["job_ids"], float(payload.get("timeout_s", 600)), request.url.host)
         if request.method == "GET" and path.startswith("/jobs/"):
             return await self.get(path.removeprefix("/jobs/"), float(request.url.params.get("wait", 0)))
         if path == "/cancel":
@@ -149,8 +149,9 @@ class FakeGateway:
             return httpx.Response(202, json={"job_id": job_id, "status": job.status})
         return httpx.Response(200, json=job.result())
 
-    def wait_many(self, job_ids: list[str], timeout_s: float) -> httpx.Response:
-        """``POST /jobs/wait``: NDJSON lines as the jobs end, unknown ids first, pending ones at the timeout."""
+    def wait_many(self, job_ids: list[str], timeout_s: float, host: str) -> httpx.Response:
+        """``POST /jobs/wait``: NDJSON lines as the jobs end, unknown ids first, pending ones at the
+        timeout; the stream is cut (a read error) once ``host`` goes down."""
         ids = list(dict.fromkeys(job_ids))
 
         async def lines():
@@ -161,9 +162,12 @@ class FakeGateway:
             deadline = time.monotonic() + timeout_s
             try:
                 while waits:
-                    done, _ = await asyncio.wait(waits, timeout=max(0.0, deadline - time.monotonic()),
+                    left = deadline - time.monotonic()
+                    done, _ = await asyncio.wait(waits, timeout=max(0.0, min(0.02, left)),
                                                  return_when=asyncio.FIRST_COMPLETED)
-                    if not done:
+                    if host in self.down:
+                        raise httpx.ReadError("the gateway went down mid-stream")
+                    if not done and left <= 0:
                         break
                     for task in done:
                         yield json.dumps(self.jobs[waits.pop(task)].result()).encode() + b"\n"

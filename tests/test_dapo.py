@@ -163,8 +163,8 @@ async def test_lost_replies_and_outages_resume_by_job_id():
 @pytest.mark.anyio
 async def test_an_outage_beyond_the_retry_budget_raises_and_the_retried_step_keeps_everything():
     def script(body):
-        if body["instance"]["instance_id"] == "b":  # the gateway dies while b's rollouts run (0.8 s
-            # > poll_s: their waits come back and find it gone)
+        if body["instance"]["instance_id"] == "b":  # the gateway dies while b's rollouts run (0.8 s:
+            # their stream is cut, and its reconnections find it gone)
             asyncio.get_running_loop().call_later(0.05, fake.down.add, "gw")
         return scripted(body)
 
