@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 
+import httpx
 import pytest
 
 from prorl_celery.client import JobRequest, RolloutClient
-from prorl_celery.local import wait_until
+from prorl_celery.local import ManagedProcess, free_port, wait_until
 
 #: every result line is GET /jobs/<id>'s body of an ended job
 TERMINAL = {"completed", "failed", "cancelled", "timeout"}
@@ -182,11 +185,34 @@ class CuttingProxy:
         self.listener.close()
 
 
-def test_the_client_streams_every_job_once_across_a_cut_connection(cluster):
+@pytest.fixture(scope="module")
+def gthread_url(cluster, tmp_path_factory):
+    """A second gunicorn on the cluster, of the thread-per-request worker class."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("gthread") / "gateway.log"
+    env = {**cluster.service_env(), "PRORL_GATEWAY_WORKER_CLASS": "gthread", "PRORL_GATEWAY_THREADS": "8"}
+    with open(log, "wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
+                                  "-b", f"127.0.0.1:{port}", "api:create_app()"], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    gateway = ManagedProcess("gthread-gateway", popen, log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "gthread gateway", gateway)
+    yield url
+    gateway.stop()
+
+
+@pytest.fixture(params=["gevent", "gthread"])
+def gunicorn_url(request, cluster):
+    """The cluster's own gateway (gevent workers), or the gthread one."""
     import redis
 
     redis.Redis.from_url(cluster.state_url).flushdb()
-    proxy = CuttingProxy(cluster.gateway_url, cut_after=2)
+    return cluster.gateway_url if request.param == "gevent" else request.getfixturevalue("gthread_url")
+
+
+def test_the_client_streams_every_job_once_across_a_cut_connection(gunicorn_url):
+    proxy = CuttingProxy(gunicorn_url, cut_after=2)
     try:
         with RolloutClient(proxy.url) as client:
             sleeps = [0.0, 0.0, 1.5, 0.5, 2.0, 1.0]
