@@ -228,3 +228,10 @@ def test_the_client_streams_every_job_once_across_a_cut_connection(gunicorn_url)
     finally:
         proxy.close()
 
+
+
+def test_the_client_chunks_by_the_gateway_cap():
+    from api.schemas import MAX_WAIT_IDS
+    from prorl_celery.client import WAIT_MANY_MAX
+
+    assert WAIT_MANY_MAX == MAX_WAIT_IDS
