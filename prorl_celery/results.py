@@ -16,6 +16,9 @@ from .wire_v1 import v1_fields
 
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 _ENCODER = msgspec.json.Encoder()
+#: most records one pipelined read of POST /jobs/wait fetches (and one chunk carries): results
+#: can be large, and 10,000 of them ended already would otherwise be read and held at once
+REPORT_SLICE = 500
 
 
 def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
@@ -94,24 +97,32 @@ def results_as_they_end(store: JobStore, job_ids: list[str], timeout_s: float,
         missing = [j for j, s in zip(ids, statuses) if s is None]
         many.drop(missing)
         left = {j for j, s in zip(ids, statuses) if s is not None}
-        lines = [not_found_line(j) for j in missing]
-        lines += _report(store, many, left, [j for j, s in zip(ids, statuses) if s in TERMINAL_VALUES])
-        yield _ndjson(lines) if lines else b"\n"  # at once: the client sees the headers
+        ended = [j for j, s in zip(ids, statuses) if s in TERMINAL_VALUES]
+        if missing or not ended:  # at once, whatever comes next: the client sees the headers
+            yield _ndjson([not_found_line(j) for j in missing]) or b"\n"
+        yield from _reports(store, many, left, ended)
         while left:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             ended = [j for j in dict.fromkeys(many.take(min(heartbeat_s, remaining))) if j in left]
             if ended:
-                lines = _report(store, many, left, ended)
-                if lines:
-                    yield _ndjson(lines)
+                yield from _reports(store, many, left, ended)
             elif time.monotonic() < deadline:
                 yield b"\n"
-        if left:
-            yield _ndjson(_at_the_deadline(store, sorted(left)))
+        pending = sorted(left)
+        for start in range(0, len(pending), REPORT_SLICE):
+            yield _ndjson(_at_the_deadline(store, pending[start:start + REPORT_SLICE]))
     finally:
         many.close()
+
+
+def _reports(store: JobStore, many: ManyWait, left: set[str], job_ids: list[str]) -> Iterator[bytes]:
+    """The lines of ``job_ids`` that ended, ``REPORT_SLICE`` records per read and chunk."""
+    for start in range(0, len(job_ids), REPORT_SLICE):
+        lines = _report(store, many, left, job_ids[start:start + REPORT_SLICE])
+        if lines:
+            yield _ndjson(lines)
 
 
 def _report(store: JobStore, many: ManyWait, left: set[str], job_ids: list[str]) -> list[dict[str, Any]]:

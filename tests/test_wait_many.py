@@ -49,43 +49,47 @@ def stream(gateway, job_ids: list[str], **fields):
     return response, chunks()
 
 
-def test_results_stream_in_the_order_jobs_end_those_ended_first(gateway, waiter):
+def test_results_stream_in_the_order_jobs_end_those_ended_first(gateway, waiter, monkeypatch):
+    monkeypatch.setattr("prorl_celery.results.REPORT_SLICE", 1)  # a read and a chunk per record
+    gateway.submit(job(), job_id="done2")
     gateway.submit(job(), job_id="done")
-    assert gateway.result("done")["status"] == "completed"
+    assert gateway.result("done")["status"] == gateway.result("done2")["status"] == "completed"
     for job_id, sleep in (("slow", 1.2), ("quick", 0.3)):
         gateway.submit(job(sleep, reward=sleep), job_id=job_id)
-    response, chunks = stream(gateway, ["slow", "quick", "done", "unknown", "quick"], heartbeat_s=0.1)
-    lines = []
-    first_at = None
+    response, chunks = stream(gateway, ["slow", "quick", "done", "unknown", "quick", "done2"],
+                              heartbeat_s=0.1)
+    lines, arrived = [], {}
     for at, chunk in chunks:
-        first_at = at if first_at is None else first_at
         lines += chunk
+        arrived.update((line["job_id"], at) for line in chunk)
     response.close()
-    assert [line["job_id"] for line in lines] == ["unknown", "done", "quick", "slow"]  # a repeat once
+    assert [line["job_id"] for line in lines] == ["unknown", "done", "done2", "quick", "slow"]  # a repeat once
     assert lines[0]["code"] == "job_not_found" and "'unknown'" in lines[0]["message"]
-    assert first_at is not None and first_at < 0.5  # the ended job did not wait for the others
+    assert arrived["done"] < 0.25 < arrived["quick"] < arrived["slow"]  # the ended one waited for nothing
     for line in lines[1:]:
         assert line == gateway.get(f"/jobs/{line['job_id']}").json  # GET's body, field for field
         assert line["status"] == "completed"
-    assert [line["reward"] for line in lines[2:]] == [0.3, 1.2]
+    assert [line["reward"] for line in lines[3:]] == [0.3, 1.2]
     assert waiter.waiting() == 0
 
 
-def test_at_the_timeout_each_job_still_running_gets_its_pending_line(gateway, waiter):
+def test_at_the_timeout_each_job_still_running_gets_its_pending_line(gateway, waiter, monkeypatch):
+    monkeypatch.setattr("prorl_celery.results.REPORT_SLICE", 1)
+    gateway.submit(job(30), job_id="long2")
     gateway.submit(job(30), job_id="long")
     gateway.submit(job(), job_id="short")
     started = time.monotonic()
-    response, chunks = stream(gateway, ["long", "short"], timeout_s=0.6, heartbeat_s=0.1)
+    response, chunks = stream(gateway, ["long2", "long", "short"], timeout_s=0.6, heartbeat_s=0.1)
     lines = [line for _, chunk in chunks for line in chunk]
     elapsed = time.monotonic() - started
     response.close()
-    assert [line["job_id"] for line in lines] == ["short", "long"]
+    assert [line["job_id"] for line in lines] == ["short", "long", "long2"]
     assert lines[0]["status"] == "completed"
-    pending = lines[1]
-    assert pending["status"] not in TERMINAL and set(pending) == {"job_id", "status", "stage", "timing"}
+    for pending in lines[1:]:
+        assert pending["status"] not in TERMINAL and set(pending) == {"job_id", "status", "stage", "timing"}
     assert 0.6 <= elapsed < 3.0
     assert waiter.waiting() == 0
-    assert gateway.post("/cancel", json={"job_id": "long"}).json["cancelled"] == ["long"]
+    assert gateway.post("/cancel", json={"job_ids": ["long", "long2"]}).json["cancelled"] == ["long", "long2"]
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_waits(gateway, waiter):
