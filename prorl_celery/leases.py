@@ -11,7 +11,8 @@ The reaper reads indexes, never every active job (rq's ``StartedJobRegistry``): 
 (``transition.lua``) and each renewal (``renew_leases.lua``) score the job by its lease
 deadline in ``keys.LEASES``, and a tick asks only for the deadlines already past. A job in
 ``pending_run`` is listed under its queue (``keys.waiting_run``); a tick looks only into the
-queues of nodes with no live RUN worker. Both are moved by the transition script itself, so a
+queues of nodes with no live RUN worker (the shared ``run`` queue's set is not listed among
+the queues: no node of its own can die). Both are moved by the transition script itself, so a
 job is never in a status without its entry. Jobs written by a version without the indexes are
 indexed by ``backfill``, which the reaper runs when it takes the lock and whenever the indexes
 disagree with the status counters (``index_drift``, a few commands): an older worker still
@@ -189,7 +190,9 @@ def backfill(store: JobStore, lease_s: float) -> int:
     changed = reindex(store, store.redis.sscan_iter(keys.ACTIVE_JOBS, count=BACKFILL_BATCH), lease_s)
     changed += reindex(store, (job_id for job_id, _ in store.redis.zscan_iter(keys.LEASES, count=BACKFILL_BATCH)),
                        lease_s)
-    for queue in cast(list[str], store.redis.hkeys(keys.WAITING_RUN_QUEUES)):
+    # the node queues listed, and the shared queue, which is not (no node to lose)
+    queues = {Stage.RUN.value, *cast(list[str], store.redis.hkeys(keys.WAITING_RUN_QUEUES))}
+    for queue in sorted(queues):
         changed += reindex(store, store.redis.sscan_iter(keys.waiting_run(queue), count=BACKFILL_BATCH),
                            lease_s, queue=queue)
     return changed

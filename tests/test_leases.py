@@ -83,9 +83,11 @@ def test_indexes_follow_the_job_through_its_stages(client):
     assert not client.exists(keys.waiting_run("run.n1")) and client.hgetall(keys.WAITING_RUN_QUEUES) == {}
     assert store.claim_stage("j", Stage.INIT).ok
     assert store.hand_over("j", Stage.INIT, {"run_queue": ""}, attempt=2).ok  # the shared queue: no node
-    assert client.hgetall(keys.WAITING_RUN_QUEUES) == {"run": ""} and client.smembers(keys.waiting_run("run")) == {"j"}
+    # listed in its set, never among the node queues (no node to lose, nothing for the reaper)
+    assert client.hgetall(keys.WAITING_RUN_QUEUES) == {} and client.smembers(keys.waiting_run("run")) == {"j"}
+    assert index_drift(store) == (0, 0)
     assert store.claim_stage("j", Stage.RUN).ok
-    assert client.hgetall(keys.WAITING_RUN_QUEUES) == {} and client.zscore(keys.LEASES, "j") is not None
+    assert not client.exists(keys.waiting_run("run")) and client.zscore(keys.LEASES, "j") is not None
     assert index_drift(store) == (0, 0)
     assert store.cancel("j").ok
     assert client.zcard(keys.LEASES) == 0 and index_drift(store) == (0, 0)
@@ -196,3 +198,32 @@ def test_a_reaper_with_a_longer_lease_waits_for_its_own(client):
     assert client.zscore(keys.LEASES, "j") == pytest.approx(claimed_at + 3.0, abs=1e-3)
     time.sleep(max(0.0, claimed_at + 3.0 - store.server_time()) + 0.05)
     assert leases.expired_jobs(store, lease_s=3.0) == [("j", Stage.INIT)]
+
+
+def a_job_through_its_stages(store: JobStore, job_id: str) -> None:
+    """create, then claim and hand over (or finish) each stage, as the gateway and stages do."""
+    store.create(job_id, FIELDS)
+    for stage in Stage:
+        assert store.claim_stage(job_id, stage, {"node": "n1", f"{stage.value}_node": "n1"}).ok
+        if stage.next is not None:
+            assert store.hand_over(job_id, stage, {f"{stage.value}_result": {}, "run_queue": ""}, attempt=1).ok
+    assert store.finish(job_id, JobStatus.COMPLETED, {"reward": 1.0}, attempt=1).ok
+
+
+def test_a_job_s_bookkeeping_commands(client):
+    """Every Redis command a job's own bookkeeping costs (its scripts' inner commands counted),
+    pinned: a command more per job is a command more for every job of a busy cluster."""
+    store = make_store(client)
+    a_job_through_its_stages(store, "warm")  # the scripts are loaded once per server
+    _, stats = commands_of(client, lambda: a_job_through_its_stages(store, "j"))
+    print(f"one job's bookkeeping: {sum(stats.values())} Redis commands {dict(sorted(stats.items()))}")
+    assert stats.pop("zremrangebyrank", 0) <= 1  # one creation in 64 trims the recent-jobs listing
+    # the minute's counters get their TTL from the minute's first job: "warm", unless a minute began
+    new_minute = int(store.load("warm").ended_at or 0) // 60 != int(store.load("j").ended_at or 0) // 60
+    # create 8, each claim 7, each hand-over 7, the finish 12 (EVALSHAs included), and the shared
+    # RUN queue's set 2 (in and out)
+    assert stats == {"evalsha": 7, "time": 7, "hset": 7, "hincrby": 14, "hmget": 3, "hgetall": 3, "zadd": 4,
+                     "zrem": 3, "sadd": 2, "srem": 2, "hget": 1, "get": 1, "xadd": 1, "hincrbyfloat": 1,
+                     "expire": 1 + new_minute}, stats
+    assert sum(stats.values()) == 57 + new_minute  # 65 before the claims' HMGETs, the shared queue's
+    # node-queue bookkeeping, the per-job minute TTL and trim were folded or dropped

@@ -2,7 +2,8 @@
 -- the backfill for jobs written by a version without the indexes, and the repair of an entry
 -- left behind by one. Every other change to the indexes is made by transition.lua.
 -- KEYS[1] prorl:jobs:leases       job id -> lease deadline (zset)
--- KEYS[2] prorl:jobs:waiting_run  queue -> node it is local to, per queue with waiting jobs (hash)
+-- KEYS[2] prorl:jobs:waiting_run  queue -> node it is local to, per node's queue with waiting
+--                                 jobs (hash; the shared queue is never listed)
 -- KEYS[3..n] prorl:job:<id>       job records (hash)
 -- ARGV[1] the indexes, JSON (as transition.lua's ARGV[11]; lease_s: the reaper's lease)
 -- ARGV[2] a queue whose waiting set the ids were read from, or "" (then only added, never
@@ -30,12 +31,15 @@ for i = 3, #KEYS do
     queue = job[4] or ''
     if queue == '' then queue = index.shared_queue else node = job[5] or '' end
     changed = changed + redis.call('SADD', index.waiting_prefix .. queue, id)
-    redis.call('HSET', KEYS[2], queue, node)
+    -- as transition.lua: only a node's queue is listed (the shared one has no node to lose)
+    if queue ~= index.shared_queue then redis.call('HSET', KEYS[2], queue, node) end
   end
   if ARGV[2] ~= '' and ARGV[2] ~= queue then
     local waiting = index.waiting_prefix .. ARGV[2]
     changed = changed + redis.call('SREM', waiting, id)
-    if redis.call('SCARD', waiting) == 0 then redis.call('HDEL', KEYS[2], ARGV[2]) end
+    if ARGV[2] ~= index.shared_queue and redis.call('SCARD', waiting) == 0 then
+      redis.call('HDEL', KEYS[2], ARGV[2])
+    end
   end
 end
 return changed

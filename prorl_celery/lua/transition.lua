@@ -4,9 +4,9 @@
 -- KEYS[3] prorl:jobs:ended        stream of ended jobs ({job, status}; capped), tailed by waiters
 -- KEYS[4] prorl:jobs:active       ids of jobs not yet ended (set)
 -- KEYS[5] prorl:jobs:leases       job id -> lease deadline of its executing stage (zset)
--- KEYS[6] prorl:jobs:waiting_run  queue -> node it is local to ("" if shared), per queue with jobs
---                                 in pending_run (hash); each queue's ids in
---                                 <ARGV[11].waiting_prefix><queue> (set)
+-- KEYS[6] prorl:jobs:waiting_run  queue -> node it is local to, per node's queue with jobs in
+--                                 pending_run (hash; the shared queue is never listed); each
+--                                 queue's ids in <ARGV[11].waiting_prefix><queue> (set)
 -- ARGV[1] job id
 -- ARGV[2] target status, or "" to only set the fields (ARGV[12..]) under the same guard
 -- ARGV[3] allowed current statuses, comma separated (from prorl_celery.status.ALLOWED_FROM)
@@ -26,8 +26,19 @@
 --         {0, current status} when not allowed, {0, ""} when the job does not exist.
 -- Time comes from the Redis server so that workers on different nodes share one clock.
 -- every field this script reads, in one call (read before the fields are written)
-local at = redis.call('HMGET', KEYS[1], 'status', 'attempt', 'resumed_at', 'budget_s', 'active_s',
-                      'run_queue', 'init_node', 'init_s', 'run_s', 'eval_s')
+local at, record
+if ARGV[7] == '1' then
+  -- a claim returns the whole record: read it once, here, and return it with this script's
+  -- writes applied (one command instead of HMGET now and HGETALL at the end)
+  local raw = redis.call('HGETALL', KEYS[1])
+  record = {}
+  for i = 1, #raw, 2 do record[raw[i]] = raw[i + 1] end
+  at = {record.status, record.attempt, record.resumed_at, record.budget_s, record.active_s,
+        record.run_queue, record.init_node, record.init_s, record.run_s, record.eval_s}
+else
+  at = redis.call('HMGET', KEYS[1], 'status', 'attempt', 'resumed_at', 'budget_s', 'active_s',
+                  'run_queue', 'init_node', 'init_s', 'run_s', 'eval_s')
+end
 local current = at[1]
 if not current then return {0, ''} end
 local allowed = false
@@ -59,7 +70,8 @@ if ARGV[4] == 'pause' and resumed_at and resumed_at ~= '' then
     table.insert(updates, field)
     table.insert(updates, string.format('%.6f', tonumber(stage_s[field] or '0') + elapsed))
   else
-    redis.call('HINCRBYFLOAT', KEYS[1], field, string.format('%.6f', elapsed))
+    local total = redis.call('HINCRBYFLOAT', KEYS[1], field, string.format('%.6f', elapsed))
+    if record then record[field] = total end
   end
   table.insert(updates, 'active_s'); table.insert(updates, string.format('%.6f', active))
   table.insert(updates, 'resumed_at'); table.insert(updates, '')
@@ -81,6 +93,9 @@ local index = cjson.decode(ARGV[11])
 local left_queue = nil
 if current == index.waiting then left_queue = at[6] or '' end
 redis.call('HSET', KEYS[1], unpack(updates))
+if record then
+  for i = 1, #updates - 1, 2 do record[updates[i]] = updates[i + 1] end
+end
 -- The indexes move with the status, in this script only, so the reaper reads candidates instead
 -- of every active job: a stage claim takes a lease until now + lease_s (renew_leases.lua extends
 -- it); leaving an executing status drops it. A job in pending_run sits in its queue's set.
@@ -95,13 +110,16 @@ if left_queue then  -- a status never moves to itself, so the job left pending_r
   local queue = left_queue ~= '' and left_queue or index.shared_queue
   local waiting = index.waiting_prefix .. queue
   redis.call('SREM', waiting, ARGV[1])
-  if redis.call('SCARD', waiting) == 0 then redis.call('HDEL', KEYS[6], queue) end
+  -- the shared queue has no node that could die, so KEYS[6] never lists it (nothing to drop)
+  if queue ~= index.shared_queue and redis.call('SCARD', waiting) == 0 then
+    redis.call('HDEL', KEYS[6], queue)
+  end
 end
 if ARGV[2] == index.waiting then
-  local queue, node = run_queue or '', ''
-  if queue == '' then queue = index.shared_queue else node = init_node or '' end
+  local queue = run_queue or ''
+  if queue == '' then queue = index.shared_queue end
   redis.call('SADD', index.waiting_prefix .. queue, ARGV[1])
-  redis.call('HSET', KEYS[6], queue, node)
+  if queue ~= index.shared_queue then redis.call('HSET', KEYS[6], queue, init_node or '') end
 end
 redis.call('HINCRBY', KEYS[2], current, -1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
@@ -112,7 +130,9 @@ if ARGV[5] == '1' then
   if ARGV[9] ~= '' then
     -- exact per-minute throughput and reward for the dashboard, by the Redis clock
     local minute = ARGV[9] .. string.format('%d', math.floor(now / 60) * 60)
-    redis.call('HINCRBY', minute, ARGV[2], 1)
+    -- the hash is created by a status's first count (the reward sum follows it): that one
+    -- sets the TTL, instead of every job that ends in the minute
+    if redis.call('HINCRBY', minute, ARGV[2], 1) == 1 then redis.call('EXPIRE', minute, ARGV[10]) end
     if ARGV[2] == 'completed' then
       for i = 12, #ARGV - 1, 2 do
         if ARGV[i] == 'reward' and tonumber(ARGV[i + 1]) then
@@ -120,9 +140,15 @@ if ARGV[5] == '1' then
         end
       end
     end
-    redis.call('EXPIRE', minute, ARGV[10])
   end
 end
 local reply = {1, current, string.format('%.6f', budget - active), stamp}
-if ARGV[7] == '1' then reply[5] = redis.call('HGETALL', KEYS[1]) end
+if record then
+  local flat = {}
+  for name, value in pairs(record) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = value
+  end
+  reply[5] = flat  -- as HGETALL would list the record now (in another order)
+end
 return reply
