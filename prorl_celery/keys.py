@@ -17,8 +17,9 @@ prorl:jobs:leases                  zset    job id -> lease deadline (Redis time)
                                            stage: written by the claim (transition.lua) and
                                            renew_leases.lua, dropped when the stage ends; the
                                            reaper reads the expired ones only
-prorl:jobs:waiting_run             hash    queue -> the node it is local to ("" for the shared
-                                           run queue), for every queue with jobs in pending_run
+prorl:jobs:waiting_run             hash    queue -> the node it is local to, for every node's
+                                           queue (run.<node>) with jobs in pending_run; the
+                                           shared run queue is not listed (no node to lose)
 prorl:jobs:waiting_run:<queue>     set     ids of the jobs in pending_run waiting in <queue>
                                            (run, run.<node>): a dead node's are the stranded ones
 prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
@@ -36,7 +37,11 @@ prorl:reaper:lock                  string  owner of the lease reaper (expires, s
 prorl:node:<node>:addresses        hash    loopback address -> sandbox that leases it
 prorl:node:<node>:sandboxes        hash    sandbox id -> ledger record (JSON): job, worker, pids
 prorl:metrics:counters             hash    counter name -> total (tokens, LLM requests, lease expiries)
-prorl:metrics:stage:<stage>        hash    duration histogram: bucket bound -> count, "sum"
+prorl:metrics:stage:<stage>        hash    duration histogram as versions before the one below
+                                           wrote it: bucket bound -> cumulative count, "sum"
+prorl:metrics:buckets:<stage>      hash    duration histogram: bucket bound -> stages that fell
+                                           in that bucket only (not cumulative: a stage counts
+                                           in one bucket), "sum"; read_metrics adds the two up
 prorl:workers                      zset    worker name -> last heartbeat (unix time)
 prorl:worker:<name>                hash    worker's node, queues, pid, concurrency
 prorl:cancel                       pubsub  job ids being cancelled (a wake-up; the job record
@@ -95,6 +100,10 @@ def node_sandboxes(node: str) -> str:
 
 def stage_histogram(stage: str) -> str:
     return f"{PREFIX}metrics:stage:{stage}"
+
+
+def stage_buckets(stage: str) -> str:
+    return f"{PREFIX}metrics:buckets:{stage}"
 
 
 def worker(name: str) -> str:

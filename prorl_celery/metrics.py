@@ -2,12 +2,15 @@
 
 Workers buffer observations in memory and flush them every ``FLUSH_S`` from a background
 thread, so a stage pays no Redis round trip for its metrics; every gateway process reads the
-same totals on each scrape.
+same totals on each scrape. A stage duration is stored in the one bucket it falls in
+(``keys.stage_buckets``), and made cumulative, Prometheus style, when read: a flush writes one
+field per bucket that saw stages, not every bucket at or above them (twelve for a short stage).
 """
 from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_left
 from collections import Counter, defaultdict
 
 import redis
@@ -30,6 +33,9 @@ def bucket_label(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
+_LABELS = tuple(bucket_label(bound) for bound in STAGE_BUCKETS)
+
+
 class MetricsBuffer:
     """Per-process buffer of observations, flushed to Redis in the background."""
 
@@ -48,10 +54,9 @@ class MetricsBuffer:
         self._ensure_flushing()
 
     def observe_stage(self, stage: str, seconds: float) -> None:
+        label = _LABELS[bisect_left(STAGE_BUCKETS, seconds)]  # the first bound >= seconds
         with self._lock:
-            for bound in STAGE_BUCKETS:
-                if seconds <= bound:
-                    self._stages[stage][bucket_label(bound)] += 1
+            self._stages[stage][label] += 1
             self._sums[stage] += seconds
         self._ensure_flushing()
 
@@ -66,8 +71,8 @@ class MetricsBuffer:
             pipe.hincrby(keys.METRIC_COUNTERS, name, amount)
         for stage, buckets in stages.items():
             for label, amount in buckets.items():
-                pipe.hincrby(keys.stage_histogram(stage), label, amount)
-            pipe.hincrbyfloat(keys.stage_histogram(stage), "sum", sums[stage])
+                pipe.hincrby(keys.stage_buckets(stage), label, amount)
+            pipe.hincrbyfloat(keys.stage_buckets(stage), "sum", sums[stage])
         try:
             pipe.execute()
         except Exception:
@@ -102,11 +107,26 @@ class MetricsBuffer:
 
 
 def read_metrics(client: redis.Redis, stages: list[str]) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
-    """(counters, histograms by stage) as stored; histograms map bucket labels and 'sum'."""
+    """(counters, histograms by stage); a histogram maps each bucket label to the stages at or
+    below its bound (cumulative, from the first bucket that has any) and 'sum' to their seconds."""
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.METRIC_COUNTERS)
     for stage in stages:
-        pipe.hgetall(keys.stage_histogram(stage))
-    counters, *histograms = pipe.execute()
-    return ({name: int(counters.get(name, 0)) for name in COUNTERS},
-            {stage: {k: float(v) for k, v in h.items()} for stage, h in zip(stages, histograms)})
+        pipe.hgetall(keys.stage_histogram(stage))  # cumulative, written by older versions
+        pipe.hgetall(keys.stage_buckets(stage))
+    counters, *replies = pipe.execute()
+    histograms = {stage: _cumulative(replies[2 * i], replies[2 * i + 1]) for i, stage in enumerate(stages)}
+    return {name: int(counters.get(name, 0)) for name in COUNTERS}, histograms
+
+
+def _cumulative(legacy: dict[str, str], buckets: dict[str, str]) -> dict[str, float]:
+    """One cumulative histogram of an older version's (already cumulative) and ours (per bucket)."""
+    histogram = {label: float(value) for label, value in legacy.items()}
+    below = 0.0
+    for label in _LABELS:
+        below += float(buckets.get(label, 0))
+        if below:
+            histogram[label] = histogram.get(label, 0.0) + below
+    if "sum" in buckets:
+        histogram["sum"] = histogram.get("sum", 0.0) + float(buckets["sum"])
+    return histogram

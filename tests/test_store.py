@@ -219,10 +219,10 @@ def test_a_given_up_attempt_cannot_update_the_retried_jobs_fields(store):
 
 def test_metrics_kept_when_a_flush_cannot_reach_redis(redis_url):
     from prorl_celery.local import free_port
-    from prorl_celery.metrics import MetricsBuffer
+    from prorl_celery.metrics import MetricsBuffer, read_metrics
 
     live = redis.Redis.from_url(redis_url, decode_responses=True)
-    live.delete(keys.METRIC_COUNTERS)
+    live.delete(keys.METRIC_COUNTERS, keys.stage_histogram("run"), keys.stage_buckets("run"))
     buffer = MetricsBuffer(redis.Redis(port=free_port(), socket_connect_timeout=0.5))  # nothing listens
     buffer.count("tokens_generated", 7)
     buffer.observe_stage("run", 0.2)
@@ -232,4 +232,27 @@ def test_metrics_kept_when_a_flush_cannot_reach_redis(redis_url):
     buffer.count("tokens_generated", 3)
     buffer.flush()
     assert live.hget(keys.METRIC_COUNTERS, "tokens_generated") == "10"
-    assert float(live.hget(keys.stage_histogram("run"), "sum")) == pytest.approx(0.2)
+    assert read_metrics(live, ["run"])[1]["run"]["sum"] == pytest.approx(0.2)
+
+
+def test_stage_histograms_are_cumulative_when_read(redis_url):
+    """A stage is stored in its one bucket (a flush writes only the buckets that saw stages) and
+    read back cumulative, added to what an older version wrote cumulative already."""
+    from prorl_celery.metrics import STAGE_BUCKETS, MetricsBuffer, bucket_label, read_metrics
+
+    live = redis.Redis.from_url(redis_url, decode_responses=True)
+    live.delete(keys.stage_histogram("init"), keys.stage_buckets("init"))
+    buffer = MetricsBuffer(live)
+    for seconds in (0.003, 0.01, 0.2, 0.2, 7.0, 4000.0):  # 0.01 is its bucket's bound: in it
+        buffer.observe_stage("init", seconds)
+    buffer.flush()
+    # one field per bucket hit and the sum, not the 12 buckets of each duration's cumulative line
+    assert live.hgetall(keys.stage_buckets("init")).keys() == {"0.01", "0.5", "10.0", "+Inf", "sum"}
+    older = {bucket_label(b): "2" for b in STAGE_BUCKETS if b >= 5.0} | {"sum": "3.0"}  # two 1.5 s stages
+    live.hset(keys.stage_histogram("init"), mapping=older)
+    histogram = read_metrics(live, ["init"])[1]["init"]
+    expected = {0.01: 2, 0.05: 2, 0.1: 2, 0.5: 4, 1.0: 4, 5.0: 6, 10.0: 7, 30.0: 7, 60.0: 7, 300.0: 7,
+                1800.0: 7, float("inf"): 8}
+    assert {label: histogram[label] for label in map(bucket_label, STAGE_BUCKETS)} == \
+        {bucket_label(b): float(n) for b, n in expected.items()}
+    assert histogram["sum"] == pytest.approx(3.0 + 0.003 + 0.01 + 0.4 + 7.0 + 4000.0)
