@@ -2,8 +2,12 @@
 
 One listener thread per worker process subscribes to the cancel channel and sets the asyncio
 event of every local stage watching that job. Pub/sub is only the fast path: watching starts
-by reading the job's status, and a slow sweep re-reads the status of every watched job, so a
-message lost while reconnecting delays a cancel by at most ``sweep_s``.
+before the stage's claim (which reads the job's status), each (re)subscription is followed by a
+sweep of every watched job (a cancel published while no subscription was live is found then),
+and a slow sweep every ``sweep_s`` covers a connection that died without telling us.
+
+A sweep costs one command however many stages are watched: ``SMISMEMBER`` on the set of jobs
+not yet ended; only the watched jobs that left it (few: they ended) have their status read.
 """
 from __future__ import annotations
 
@@ -68,12 +72,14 @@ class CancelWatcher:
     def _listen(self) -> None:
         while not self._stop.is_set():
             try:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+                pubsub = self.redis.pubsub()
                 pubsub.subscribe(keys.CANCEL_CHANNEL)
-                next_sweep = time.monotonic() + self.sweep_s
+                next_sweep = float("inf")  # once subscribed: every cancel from then on reaches us
                 while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=self.sweep_s)
-                    if message:
+                    message = pubsub.get_message(timeout=min(self.sweep_s, max(0.0, next_sweep - time.monotonic())))
+                    if message and message["type"] == "subscribe":
+                        next_sweep = time.monotonic()  # the cancels of the gap before it: found now
+                    elif message and message["type"] == "message":
                         self.wake(message["data"])
                     if time.monotonic() >= next_sweep:
                         self._sweep()
@@ -88,9 +94,13 @@ class CancelWatcher:
             job_ids = list(self._watched)
         if not job_ids:
             return
+        active = self.redis.smismember(keys.ACTIVE_JOBS, job_ids)
+        ended = [job_id for job_id, is_active in zip(job_ids, active) if not is_active]
+        if not ended:
+            return
         pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
+        for job_id in ended:
             pipe.hget(keys.job(job_id), "status")
-        for job_id, status in zip(job_ids, pipe.execute()):
+        for job_id, status in zip(ended, pipe.execute()):
             if status in (None, JobStatus.CANCELLED.value):
                 self.wake(job_id)
