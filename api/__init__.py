@@ -19,21 +19,20 @@ def create_app(settings: Settings | None = None) -> Flask:
     handler registry is process-wide: ``settings.handlers`` is applied to it here.
     """
     from flask import Flask
-    from flask.json.provider import DefaultJSONProvider
 
     from handlers import load_handlers, registry
     from prorl_celery.services import Services
     from prorl_celery.settings import get_settings
 
     from . import auth, dashboard, errors, extension, routes, status_views
+    from .json_provider import MsgspecJSONProvider
 
     settings = settings or get_settings()
     registry.configure(settings.handlers)
     load_handlers()  # import every task family at start-up, not in the first request
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
-    if isinstance(app.json, DefaultJSONProvider):  # the provider a plain Flask app has
-        app.json.sort_keys = False  # answers keep the order the views build
+    app.json = MsgspecJSONProvider(app)
     services = Services(settings)
     services.celery  # noqa: B018 - built at start-up, not in the first submit
     extension.init_app(app, services)

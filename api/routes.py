@@ -9,7 +9,7 @@ from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, TypeAdapter
 
 from prorl_celery import job_intake
-from prorl_celery.errors import BadRequest, Forbidden
+from prorl_celery.errors import BadRequest, Forbidden, JobNotFound
 from prorl_celery.job_intake import JobSpec
 from prorl_celery.results import build_result, pending_result, results_as_they_end
 
@@ -48,8 +48,9 @@ def prepare(body: ProcessRequest) -> JobSpec:
 
 
 def submit(specs: list[JobSpec]) -> list[job_intake.Submitted]:
-    services = app_services()
-    return job_intake.submit(services.store, specs, celery=services.celery)
+    # with the other requests' jobs being submitted at the same time: one create and one publish
+    # round trip for them all (prorl_celery.group_commit)
+    return app_services().intake.submit(specs)
 
 
 def expand(spec: JobSpec, num_samples: int | None) -> list[JobSpec]:
@@ -62,9 +63,12 @@ def accepted(submitted: job_intake.Submitted) -> dict[str, Any]:
 
 
 def job_response(job_id: str, wait_s: float, *, registered: threading.Event | None = None):
-    store = app_services().store
+    services = app_services()
+    store = services.store
     store.wait(job_id, wait_s, registered=registered)
-    record = store.load(job_id)
+    (record,) = services.records.submit([job_id])  # with the reads of requests woken beside it
+    if record is None:
+        raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
     if record.status.terminal:
         return jsonify(build_result(store, record)), 200
     return jsonify(pending_result(store, record)), 202

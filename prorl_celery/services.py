@@ -12,21 +12,24 @@ import os
 import threading
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import redis
 
+from . import keys
 from .cancellation import CancelWatcher
 from .connection import get_redis, reset_clients
+from .group_commit import GroupCommit
 from .leases import LeaseKeeper
 from .llm.pool import BackendPool
 from .metrics import MetricsBuffer
 from .settings import Settings, get_settings
-from .store import JobStore
+from .store import JobRecord, JobStore, decode_record
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from .job_intake import JobSpec, Submitted
     from .job_sandboxes import JobSandboxes
 
 
@@ -50,6 +53,30 @@ class Services:
     @cached_property
     def store(self) -> JobStore:
         return JobStore(self.redis, result_ttl_s=self.settings.result_ttl_s, lease_s=self.settings.lease_s)
+
+    @cached_property
+    def intake(self) -> GroupCommit[JobSpec, Submitted]:
+        """The gateway's submits, concurrent ones grouped into one ``job_intake.submit`` call
+        (:mod:`prorl_celery.group_commit`)."""
+        from . import job_intake  # the handlers and Celery are loaded only where jobs are submitted
+        return GroupCommit(lambda specs: job_intake.submit(self.store, specs, celery=self.celery))
+
+    @cached_property
+    def records(self) -> GroupCommit[str, JobRecord | None]:
+        """The gateway's reads of job records, concurrent ones in one pipeline: the listener
+        wakes the waiters of every job one stream read names at once, and each then reads its
+        job's record (None: no such job)."""
+        return GroupCommit(self._load_records)
+
+    def _load_records(self, job_ids: list[str]) -> list[JobRecord | None]:
+        if len(job_ids) == 1:  # one HGETALL: a pipeline costs more than it saves for one
+            raws: list[dict[str, str]] = [cast(dict[str, str], self.redis.hgetall(keys.job(job_ids[0])))]
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hgetall(keys.job(job_id))
+            raws = pipe.execute()
+        return [decode_record(raw) if raw else None for raw in raws]
 
     @cached_property
     def pool(self) -> BackendPool:
