@@ -12,6 +12,7 @@ import os
 import threading
 from dataclasses import dataclass
 from functools import cached_property
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
 
 import redis
@@ -47,8 +48,18 @@ class Services:
 
         Workers publish through the app they run (``prorl_celery.celery_app.app``); this one
         lets an app factory given explicit settings enqueue where those settings say."""
+        from celery.backends.base import DisabledBackend
+
         from .celery_app import create_celery  # Celery is loaded only where jobs are submitted
-        return create_celery(self.settings, set_as_current=False)
+        app = create_celery(self.settings, set_as_current=False)
+        if isinstance(app.backend, DisabledBackend):
+            # Celery keeps its result backend and reply-to id per thread, which under the
+            # gateway's gevent worker means per greenlet: every request built both anew (a
+            # backend object and a uuid3, 6 % of a worker's CPU in a /process burst). Without a
+            # result backend neither holds any state or connection, so one serves them all.
+            app._backend_cache = app.backend
+            app._local = SimpleNamespace(oid=app.thread_oid)
+        return app
 
     @cached_property
     def store(self) -> JobStore:

@@ -129,6 +129,23 @@ def test_under_gevent_greenlets_queue_behind_a_flush():
     assert done.stdout.strip() == "[1, 499]"
 
 
+def test_the_gateway_celery_app_builds_no_backend_per_thread():
+    """Under gevent a thread is a greenlet: a request's greenlet must not build its own backend."""
+    from prorl_celery.services import Services
+    from prorl_celery.settings import Settings
+
+    services = Services(Settings())
+    app = services.celery
+    seen: list = []
+    threads = [threading.Thread(target=lambda: seen.append((app.backend, app.thread_oid))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {id(backend) for backend, _ in seen} == {id(app.backend)} and {oid for _, oid in seen} == {app.thread_oid}
+    services.close()
+
+
 # -- the gateway -------------------------------------------------------------------------------------
 
 def fault(reward: float) -> dict:
