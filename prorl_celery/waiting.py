@@ -155,10 +155,7 @@ class CompletionWaiter:
         is skipped then (an ending can only come after the registration)."""
         deadline = time.monotonic() + timeout_s
         if registered is None:
-            event = threading.Event()
-            self._ensure_started()
-            with self._lock:
-                self._events.setdefault(job_id, []).append(event)
+            event = self.register(job_id)
         else:
             event, skip_first_read = registered, True
         try:
