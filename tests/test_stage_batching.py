@@ -11,6 +11,7 @@ one message.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
@@ -24,6 +25,7 @@ from celery import Celery
 
 from prorl_celery import keys
 from prorl_celery.celery_app import create_celery
+from prorl_celery.event_loops import StageLoop
 from prorl_celery.job_intake import JobSpec, submit
 from prorl_celery.local import LocalCluster
 from prorl_celery.settings import Settings
@@ -210,3 +212,30 @@ def test_a_batch_submit_of_math_jobs_is_a_message_per_chunk_and_every_job_comple
     results = [client.result(job_id, wait=30) for job_id in job_ids]
     assert [(r["status"], r["reward"]) for r in results] == [("completed", 1.0)] * count
     assert [r["trajectory_id"] for r in results] == list(range(count))
+
+
+def test_a_chunk_is_admitted_to_the_free_slots_only_and_a_skipped_stage_frees_its_own():
+    loop = StageLoop(3, name="test-admit-many")
+    hold = asyncio.Event()
+
+    async def held() -> None:
+        await hold.wait()
+
+    try:
+        assert loop.admit(lambda _: held())
+        asked: list[int] = []
+
+        def start(_: asyncio.AbstractEventLoop, n: int) -> list:
+            asked.append(n)
+            return [held(), None][:n]  # the second was skipped (a redelivery): its slot is free again
+
+        assert loop.admit_many(5, start) == 2 and asked == [2]
+        assert loop.busy == 2 and loop.free() == 1
+        loop.call(_set(hold), timeout_s=5)
+        assert loop.wait_idle(5)
+    finally:
+        loop.close()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
