@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
+from prorl_celery.status import Stage
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -135,6 +137,25 @@ class AgentHandler(Generic[LLMT]):
     node_local: ClassVar[bool] = False
     #: False for handlers whose RUN needs no LLM backend (``run`` then receives ``llm=None``).
     uses_llm: ClassVar[bool] = True
+    #: Stages whose messages may carry several of this task's jobs (``PRORL_STAGE_BATCH`` at
+    #: most): one message and one round trip of claims, hand-overs and publishes per chunk
+    #: instead of per job, the chunk's stages running together on one worker thread's loop. Only
+    #: for stages that are short and CPU-light: an INIT chunk's jobs are not spread over the INIT
+    #: pool's threads, so its ``-c`` would no longer bound concurrent sandbox starts. A job whose
+    #: INIT or EVAL asks for a sandbox (``sandbox_request``, ``eval_sandbox_request``) is always
+    #: published alone, whatever this says (see ``shares_messages``).
+    batched_stages: ClassVar[frozenset[Stage]] = frozenset()
+
+    def shares_messages(self, stage: Stage, job: JobContext) -> bool:
+        """May ``job``'s ``stage`` message carry other jobs too? Only for ``batched_stages``, and
+        never for an INIT or EVAL that starts a sandbox."""
+        if stage not in self.batched_stages:
+            return False
+        if stage is Stage.INIT:
+            return self.sandbox_request(job) is None
+        if stage is Stage.EVAL:
+            return self.eval_sandbox_request(job) is None
+        return True
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """The sandbox this job needs, or None. A job with a sandbox runs RUN on INIT's node."""

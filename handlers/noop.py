@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from handlers.base import AgentHandler, EvalResult, JobContext
+from prorl_celery.status import Stage
 
 
 class NoopHandler(AgentHandler[None]):
@@ -15,6 +16,7 @@ class NoopHandler(AgentHandler[None]):
 
     name: ClassVar[str] = "noop"
     uses_llm: ClassVar[bool] = False
+    batched_stages: ClassVar[frozenset[Stage]] = frozenset(Stage)
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Accept anything: the instance is never read."""

@@ -61,7 +61,11 @@ class RunSlotGate(bootsteps.StartStopStep):
     whenever stages outnumber slots (``python -m bench.slots``). So a freed slot wakes the hub
     (its thread-safe ``call_soon``), whose next turn re-checks the gate and sends the BRPOP at
     once; the ack of a RUN task (acks_late) wakes it the same way once its request leaves
-    ``reserved``. The message is still only taken once a slot is free for it."""
+    ``reserved``. The message is still only taken once a slot is free for it.
+
+    A message may carry a chunk of jobs (``PRORL_STAGE_BATCH``): the fetched ones count by their
+    jobs, and a chunk larger than the slots free takes those and sends the rest back
+    (``tasks.run_stage``)."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -74,11 +78,17 @@ class RunSlotGate(bootsteps.StartStopStep):
         loop = stage_loop(get_settings().run_slots or parent.controller.concurrency)
         qos = parent.task_consumer.channel.qos
         fetch_allowed = qos.can_consume
-        # reserved: fetched and not yet admitted (or an INIT/EVAL task of a mixed worker)
-        qos.can_consume = lambda: loop.free() > len(state.reserved_requests) and fetch_allowed()
+        # reserved: fetched and not yet admitted (or an INIT/EVAL task of a mixed worker),
+        # counted in jobs: a chunk of four waiting for its slots leaves no room for another
+        qos.can_consume = lambda: loop.free() > _jobs_in(state.reserved_requests) and fetch_allowed()
         hub = parent.hub
         if hub is not None:  # without a hub (synloop: green pools) the consumer polls every 2 s as before
             loop.on_release(partial(hub.call_soon, _next_turn))
+
+
+def _jobs_in(requests) -> int:
+    """The jobs that fetched stage messages carry (a chunk's ids, or one)."""
+    return sum(len(r.args[0]) if r.args and isinstance(r.args[0], list) else 1 for r in requests)
 
 
 def _next_turn() -> None:
@@ -147,8 +157,13 @@ app = create_celery()
 PUBLISH_RETRY = {"max_retries": 60, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
 
 
-def enqueue(stage: Stage, job_id: str, *, queue: str | None = None, celery: Celery | None = None) -> None:
-    """Hand a job to ``stage``'s queue (or a node's own queue of that stage).
+#: what a stage message carries: one job id, or a chunk of them (``PRORL_STAGE_BATCH``)
+Payload = str | list[str]
+
+
+def enqueue(stage: Stage, job_id: Payload, *, queue: str | None = None, celery: Celery | None = None) -> None:
+    """Hand a job (or a chunk of jobs, one message) to ``stage``'s queue (or a node's own queue
+    of that stage).
 
     The job has already been handed over in the store: a message lost here would strand it
     in ``pending_<stage>`` for good, so publishing outlasts a Redis restart (Celery's default
@@ -173,23 +188,44 @@ def _declare(sender: Celery) -> list | None:
     return [] if sender.conf.broker_transport is RedisTransport else None
 
 
-def enqueue_many(stage: Stage, job_ids: list[str], *, celery: Celery | None = None) -> None:
-    """``enqueue`` for many jobs over one producer, their LPUSHes sent in one pipeline
-    (kombu's ``Producer.batch``): half the CPU per job of publishing them one by one.
+def pack(job_ids: list[str], batch: int) -> list[Payload]:
+    """``job_ids`` as message payloads of at most ``batch`` ids; a lone id stays a plain id (the
+    message every single-job path sends)."""
+    if batch <= 1:
+        return list(job_ids)
+    chunks = [job_ids[i:i + batch] for i in range(0, len(job_ids), batch)]
+    return [chunk[0] if len(chunk) == 1 else chunk for chunk in chunks]
 
-    A batch that fails is sent again job by job with ``enqueue``'s retries: a message that got
-    through twice is harmless, the stage claim turns the copy into a no-op."""
-    if len(job_ids) <= 1:
-        for job_id in job_ids:
-            enqueue(stage, job_id, celery=celery)
+
+#: one message to publish: its stage, its queue (None: the stage's shared one) and its payload
+Message = tuple[Stage, str | None, Payload]
+
+
+def publish(messages: list[Message], *, celery: Celery | None = None) -> None:
+    """Publish ``messages`` over one producer, their LPUSHes sent in one pipeline (kombu's
+    ``Producer.batch``): half the CPU per message of publishing them one by one.
+
+    A batch that fails is sent again message by message with ``enqueue``'s retries: a message
+    that got through twice is harmless, the stage claim turns the copy into a no-op."""
+    if len(messages) <= 1:
+        for stage, queue, payload in messages:
+            enqueue(stage, payload, queue=queue, celery=celery)
         return
-    name = f"prorl.{stage.value}"
     sender = celery or app
+    declare = _declare(sender)
     try:
         with sender.producer_or_acquire() as producer, producer.batch():
-            for job_id in job_ids:
-                sender.send_task(name, args=[job_id], queue=stage.value, producer=producer, declare=_declare(sender))
+            for stage, queue, payload in messages:
+                sender.send_task(f"prorl.{stage.value}", args=[payload], queue=queue or stage.value,
+                                 producer=producer, declare=declare)
     except Exception:  # noqa: BLE001 - the broker blinked: fall back to retried publishes
-        for job_id in job_ids:
-            enqueue(stage, job_id, celery=celery)
+        for stage, queue, payload in messages:
+            enqueue(stage, payload, queue=queue, celery=celery)
 
+
+def enqueue_many(stage: Stage, job_ids: list[str], *, queue: str | None = None, batch: int = 1,
+                 celery: Celery | None = None) -> None:
+    """``enqueue`` for many jobs in one pipelined round trip (``publish``), packed into messages
+    of at most ``batch`` ids (1: a message per job). Only jobs whose handler lists ``stage`` in
+    its ``batched_stages`` may share a message (``AgentHandler.shares_messages``)."""
+    publish([(stage, queue, payload) for payload in pack(job_ids, batch)], celery=celery)

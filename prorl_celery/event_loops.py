@@ -147,6 +147,33 @@ class StageLoop:
         asyncio.run_coroutine_threadsafe(self._holding_slot(coro), self.loop)
         return True
 
+    def admit_many(self, count: int, start: Callable[[asyncio.AbstractEventLoop, int],
+                                                     list[Coroutine[Any, Any, None] | None]]) -> int:
+        """``admit`` for up to ``count`` stages (a chunk's): waits for one slot like ``admit``,
+        then takes as many more as are free now, never waiting for them: ``start(loop, n)``
+        claims the first ``n`` and returns their coroutines (None: nothing to run). Returns
+        ``n``; the caller hands the rest on (a worker must not sit on stages it has no slot for).
+        Raises :class:`StageClosed` without calling ``start`` once the loop is closed."""
+        with self._changed:
+            while not self._closed and self._busy >= self.slots:
+                self._changed.wait()
+            if self._closed:
+                raise StageClosed(f"{self.name} is closed")
+            taken = min(count, self.slots - self._busy)
+            self._busy += taken
+        try:
+            coros = start(self.loop, taken)
+        except BaseException:
+            for _ in range(taken):
+                self._release()
+            raise
+        for coro in coros:
+            if coro is None:
+                self._release()
+            else:
+                asyncio.run_coroutine_threadsafe(self._holding_slot(coro), self.loop)
+        return taken
+
     async def _holding_slot(self, coro: Coroutine[Any, Any, None]) -> None:
         try:
             await coro

@@ -11,12 +11,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from handlers import get_handler
+from handlers import JobContext, get_handler
 
-from .celery_app import enqueue_many
+from .celery_app import Message, pack, publish
 from .errors import BadRequest, ServiceStopped
 from .sampling import UnresolvedTokenizer, resolve_tokenizer, split
-from .settings import Settings
+from .settings import Settings, get_settings
 from .status import JobStatus, Stage
 from .store import JobStore
 
@@ -92,17 +92,39 @@ def samples(spec: JobSpec, count: int) -> list[JobSpec]:
             for i in range(count)]
 
 
-def submit(store: JobStore, specs: list[JobSpec], *, celery: Celery | None = None) -> list[Submitted]:
+def submit(store: JobStore, specs: list[JobSpec], *, celery: Celery | None = None,
+           batch: int | None = None) -> list[Submitted]:
     """Create every job (one round trip) and enqueue INIT for the new ones (through ``celery``,
-    default the environment's app). A broker that cannot be reached fails those jobs at once
-    (never pending forever) and raises ServiceStopped."""
+    default the environment's app) over one producer, in messages of up to ``batch`` jobs of one
+    task whose handler allows it (default ``PRORL_STAGE_BATCH``). A broker that cannot be
+    reached fails those jobs at once (never pending forever) and raises ServiceStopped."""
     outcomes = store.create_many([(spec.job_id, spec.record()) for spec in specs])
     submitted = [Submitted(spec.job_id, created, status) for spec, (created, status) in zip(specs, outcomes)]
-    new = [s.job_id for s in submitted if s.created]
+    new = [spec for spec, (created, _) in zip(specs, outcomes) if created]
     try:
-        enqueue_many(Stage.INIT, new, celery=celery)  # one producer and one pipelined round trip for them all
+        publish(init_messages(new, get_settings().stage_batch if batch is None else batch), celery=celery)
     except Exception as error:  # broker down: do not leave these jobs pending forever
         for stranded in new:  # any already published fails too: its INIT is then a no-op
-            store.finish(stranded, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
+            store.finish(stranded.job_id, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
         raise ServiceStopped(f"the broker is unreachable: {error}") from error
     return submitted
+
+
+def init_messages(specs: list[JobSpec], batch: int) -> list[Message]:
+    """The INIT messages of new jobs: those of one task whose INIT may share a message (see
+    ``AgentHandler.shares_messages``: never one that starts a sandbox) in chunks of ``batch``,
+    every other job alone."""
+    if batch <= 1:
+        return [(Stage.INIT, None, spec.job_id) for spec in specs]
+    alone: list[str] = []
+    chunks: dict[str, list[str]] = {}
+    for spec in specs:
+        handler = get_handler(spec.task)
+        job = JobContext(job_id=spec.job_id, task=spec.task, instance=spec.instance,
+                         sampling_params=spec.sampler, agent_params=spec.agent)
+        if handler.shares_messages(Stage.INIT, job):
+            chunks.setdefault(spec.task, []).append(spec.job_id)
+        else:
+            alone.append(spec.job_id)
+    return [(Stage.INIT, None, payload)
+            for payload in [*alone, *(p for ids in chunks.values() for p in pack(ids, batch))]]

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
 
-from .celery_app import enqueue, enqueue_many, node_queue
+from .celery_app import Payload, node_queue, pack, publish
 from .errors import JobCancelled, JobNotFound, StageTimeout, UnknownTask
 from .event_loops import Batched, loop_local, run_coro, thread_loop
 from .job_sandboxes import tool_client
@@ -28,17 +28,45 @@ from .llm.tokenizer import load_tokenizer
 from .nodes import has_live_worker
 from .services import Services, get_services
 from .status import JobStatus, Stage
-from .store import JobRecord, outcome
+from .store import JobRecord, Move, Transition, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def execute_stage(stage: Stage, job_id: str, services: Services | None = None) -> None:
-    """Run one stage of a job to its end on this thread's event loop."""
-    work = begin_stage(stage, job_id, services or get_services(), thread_loop())
-    if work is not None:
-        run_coro(work)
+def execute_stage(stage: Stage, job_ids: Payload, services: Services | None = None) -> None:
+    """Run one stage of a job, or of every job of a chunk at once, to its end on this thread's
+    event loop."""
+    services = services or get_services()
+    loop = thread_loop()
+    if isinstance(job_ids, str):
+        works = [begin_stage(stage, job_ids, services, loop)]
+    else:
+        works = begin_stages(stage, job_ids, services, loop)
+    started = [work for work in works if work is not None]
+    if started:
+        run_all(loop, started)
+
+
+def run_all(loop: asyncio.AbstractEventLoop, works: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``works`` together on ``loop`` until every one has ended.
+
+    A task raising SystemExit or KeyboardInterrupt (a handler's own task, which no stage's try
+    can catch) stops the loop: the task keeps the exception, so the stage awaiting it ends its
+    job; the others of the chunk go on when the loop runs again (as the RUN loop does)."""
+    future = loop.create_task(_together(works) if len(works) > 1 else works[0])
+    while True:
+        try:
+            loop.run_until_complete(future)
+            return
+        except BaseException:  # noqa: BLE001 - the chunk's other stages must still end
+            if future.done():
+                raise
+            log.exception("a stage task stopped the loop of its worker thread; it runs on")
+
+
+async def _together(works: list[Coroutine[Any, Any, None]]) -> None:
+    await asyncio.gather(*works, return_exceptions=True)  # each stage ends its own job, whatever happens
 
 
 def begin_stage(stage: Stage, job_id: str, services: Services,
@@ -46,32 +74,52 @@ def begin_stage(stage: Stage, job_id: str, services: Services,
     """Claim ``job_id`` for ``stage`` and return the stage's coroutine, to be run on ``loop``
     (where its cancel signal is set); None when there is nothing to run (a redelivered or
     cancelled job is skipped, a task this worker lacks ends the job)."""
+    return begin_stages(stage, [job_id], services, loop)[0]
+
+
+def begin_stages(stage: Stage, job_ids: list[str], services: Services,
+                 loop: asyncio.AbstractEventLoop) -> list[Coroutine[Any, Any, None] | None]:
+    """``begin_stage`` for the jobs of one message, claimed in one round trip: one coroutine (or
+    None) per job, each job skipped or started on its own."""
     # watch before claiming: a cancel landing right after the claim still wakes the stage
-    cancelled = services.cancel_watcher.watch(job_id, loop)
-    work = None
+    signals = [services.cancel_watcher.watch(job_id, loop) for job_id in job_ids]
+    works: list[Coroutine[Any, Any, None] | None] = [None] * len(job_ids)
     try:
         node = services.settings.node  # <stage>_node: where each stage of this attempt ran
-        claim = services.store.claim_stage(job_id, stage, {"node": node, f"{stage.value}_node": node,
-                                                           "worker_pid": os.getpid()})
-        if not claim.ok:
-            log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
-            if stage is Stage.RUN and claim.previous:
-                _close_abandoned_sandboxes(services, job_id, claim.previous)
-            return None
-        record = claim.record
-        assert record is not None  # a successful claim carries the record
-        job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
-        try:
-            handler = get_handler(record.task)
-        except UnknownTask as error:  # a plug-in missing on this worker: say so, now
-            services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
-                stage.value, f"this worker cannot run the task: {error}"))
-            return None
-        work = _staged(stage, services, handler, job, record, cancelled)
-        return work
+        claims = services.store.claim_stages(job_ids, stage, {"node": node, f"{stage.value}_node": node,
+                                                              "worker_pid": os.getpid()})
+        for i, (job_id, claim) in enumerate(zip(job_ids, claims)):
+            if len(job_ids) == 1:
+                works[i] = _begin_claimed(stage, job_id, claim, services, signals[i])
+                continue
+            try:
+                works[i] = _begin_claimed(stage, job_id, claim, services, signals[i])
+            except Exception:  # noqa: BLE001 - the chunk's others still start; its lease reaps this one
+                log.exception("%s of job %s could not start", stage.value, job_id)
+        return works
     finally:
-        if work is None:
-            services.cancel_watcher.unwatch(job_id, cancelled)
+        for job_id, work, cancelled in zip(job_ids, works, signals):
+            if work is None:
+                services.cancel_watcher.unwatch(job_id, cancelled)
+
+
+def _begin_claimed(stage: Stage, job_id: str, claim: Transition, services: Services,
+                   cancelled: asyncio.Event) -> Coroutine[Any, Any, None] | None:
+    if not claim.ok:
+        log.info("%s of job %s skipped: job is %s", stage.value, job_id, claim.previous or "gone")
+        if stage is Stage.RUN and claim.previous:
+            _close_abandoned_sandboxes(services, job_id, claim.previous)
+        return None
+    record = claim.record
+    assert record is not None  # a successful claim carries the record
+    job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
+    try:
+        handler = get_handler(record.task)
+    except UnknownTask as error:  # a plug-in missing on this worker: say so, now
+        services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
+            stage.value, f"this worker cannot run the task: {error}"))
+        return None
+    return _staged(stage, services, handler, job, record, cancelled)
 
 
 async def _staged(stage: Stage, services: Services, handler: AgentHandler, job: JobContext,
@@ -201,8 +249,8 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         return
     # run_queue tells the reaper which node must stay alive for this job to be run at all
     fields = {"init_result": job.init_result, "run_queue": queue or ""}
-    if store.hand_over(job.job_id, Stage.INIT, fields, attempt=job.attempt).ok:
-        enqueue(Stage.RUN, job.job_id, queue=queue)
+    if (await _move(services, Move.hand_over(job.job_id, Stage.INIT, fields, attempt=job.attempt))).ok:
+        await _publish(services, (Stage.RUN, queue, job.job_id, handler.shares_messages(Stage.RUN, job)))
     else:  # cancelled meanwhile: nobody will run it
         await _close_sandbox(services, sandbox)
 
@@ -294,20 +342,8 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **ended}
     if session is not None and session.unsupported_params:  # sampler keys this backend's protocol lacks
         fields["ignored_params"] = sorted({*record.ignored_params, *session.unsupported_params})
-    if store.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt).ok:
-        await loop_local("eval-enqueue", _eval_enqueue)(job.job_id)
-
-
-def _eval_enqueue() -> Batched[str, None]:
-    """The EVAL messages of one loop's RUN stages, published in batches (``enqueue_many``: one
-    producer, one pipeline; Celery's ``send_task`` per job was a seventh of the RUN worker's
-    time). Shielded: a job handed over to EVAL whose message were lost would stay
-    ``pending_eval`` for good; its stage ends only once the message is out, so a worker
-    draining at SIGTERM (it waits for every stage) publishes all of them."""
-    def publish(job_ids: list[str]) -> list[None]:
-        enqueue_many(Stage.EVAL, job_ids)
-        return [None] * len(job_ids)
-    return Batched(publish, shielded=True)
+    if (await _move(services, Move.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt))).ok:
+        await _publish(services, (Stage.EVAL, None, job.job_id, handler.shares_messages(Stage.EVAL, job)))
 
 
 def _count_tokens(services: Services, session: TokenSession) -> None:
@@ -344,8 +380,44 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
     finally:
         await _close_sandbox(services, sandbox)
     status = JobStatus.FAILED if critical else JobStatus.COMPLETED
-    store.finish(job.job_id, status, attempt=job.attempt, fields=outcome(
-        critical, error_text, reward=float(result.reward), eval=result.details, extra=_handler_extras(handler, job)))
+    await _move(services, Move.finish(job.job_id, status, attempt=job.attempt, fields=outcome(
+        critical, error_text, reward=float(result.reward), eval=result.details, extra=_handler_extras(handler, job))))
+
+
+# -- the end of a stage, batched per loop ---------------------------------------------------------
+
+#: a stage's next message: (stage, queue or None for the shared one, job id, may share a message)
+Publish = tuple[Stage, str | None, str, bool]
+
+
+async def _move(services: Services, move: Move) -> Transition:
+    """A stage's last transition (its hand-over, or EVAL's end), sent with those of every stage
+    of this loop that ends in the same turn: one round trip for an INIT or EVAL chunk, or for
+    the RUN loop's stages that end together. Shielded: a hand-over that took place must be
+    followed by its publish, so its stage waits for it even when cancelled."""
+    store = services.store
+    return await loop_local((store, "moves"), lambda: Batched(store.transition_many, shielded=True))(move)
+
+
+async def _publish(services: Services, message: Publish) -> None:
+    """A handed-over job's next message, published with those of every stage of this loop that
+    hands over in the same turn (one producer, one pipeline; Celery's ``send_task`` per job was
+    a seventh of the RUN worker's time and a quarter of the INIT worker's), packed into chunks of
+    ``PRORL_STAGE_BATCH`` ids for jobs whose handler allows it. Shielded: a job handed over
+    whose message were lost would stay ``pending_<stage>`` for good; its stage ends only once
+    the message is out, so a worker draining at SIGTERM (it waits for every stage) publishes
+    all of them."""
+    batch = services.settings.stage_batch
+    await loop_local(("publish", batch), lambda: Batched(partial(_publish_batch, batch), shielded=True))(message)
+
+
+def _publish_batch(batch: int, messages: list[Publish]) -> list[None]:
+    groups: dict[tuple[Stage, str | None, bool], list[str]] = {}
+    for stage, queue, job_id, shares in messages:
+        groups.setdefault((stage, queue, shares), []).append(job_id)
+    publish([(stage, queue, payload) for (stage, queue, shares), job_ids in groups.items()
+             for payload in pack(job_ids, batch if shares else 1)])
+    return [None] * len(messages)
 
 
 _STAGES = {Stage.INIT: _init, Stage.RUN: _run, Stage.EVAL: _eval}

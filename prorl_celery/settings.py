@@ -52,6 +52,10 @@ class Settings(BaseSettings):
         None, ge=1, description="RUN stages one RUN worker process runs at once on its shared event loop; "
         "default: the worker's -c")
 
+    stage_batch: int = Field(
+        32, ge=1, description="most jobs one INIT/RUN/EVAL message carries, for jobs whose handler lists "
+        "that stage in batched_stages (1: one message per job)")
+
     task_events: bool = Field(False, description="workers send Celery task events (Flower) from start")
 
     runtime: str = Field("auto", description="sandbox runtime: auto | bubblewrap | apptainer | process")

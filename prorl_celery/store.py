@@ -126,6 +126,33 @@ class Transition:
 
 
 @dataclass(frozen=True)
+class Move:
+    """One transition of ``JobStore.transition`` (see there), to send with others."""
+
+    job_id: str
+    target: JobStatus
+    timer: str = "none"
+    fields: dict[str, Any] | None = None
+    only_from: JobStatus | None = None
+    with_record: bool = False
+    attempt: int | None = None
+
+    @classmethod
+    def hand_over(cls, job_id: str, stage: Stage, fields: dict[str, Any] | None = None,
+                  attempt: int | None = None) -> Move:
+        """``<stage>`` -> ``pending_<next>``, pausing the timer while the job waits in a queue."""
+        assert stage.next is not None
+        return cls(job_id, stage.next.pending, "pause", fields, attempt=attempt)
+
+    @classmethod
+    def finish(cls, job_id: str, status: JobStatus, fields: dict[str, Any] | None = None,
+               attempt: int | None = None) -> Move:
+        """End the job exactly once; wakes every waiter."""
+        assert status.terminal
+        return cls(job_id, status, "pause", fields, attempt=attempt)
+
+
+@dataclass(frozen=True)
 class StageTiming:
     init_s: float
     run_s: float
@@ -233,27 +260,60 @@ class JobStore:
     ) -> Transition:
         """Move the job to ``target`` if the table allows it from its current status
         (narrowed to ``only_from`` when given)."""
-        sources = ALLOWED_FROM[target] & {only_from} if only_from else ALLOWED_FROM[target]
-        allowed = ",".join(sorted(s.value for s in sources)) or "-"
-        # each transition writes its own token, so that after a lost reply we can tell whether it
-        # happened: a Redis restart must neither strand the job nor move it twice
-        token = uuid.uuid4().hex
-        job_keys = self._transition_keys(job_id)
-        args = [job_id, target.value, allowed, timer, int(target.terminal), self.result_ttl_s, int(with_record),
-                "" if attempt is None else attempt, keys.MINUTE_STATS, keys.MINUTE_STATS_TTL_S, self._index,
-                *_encode({**(fields or {}), "transition_id": token})]
+        return self.transition_many([Move(job_id, target, timer, fields, only_from, with_record, attempt)])[0]
+
+    def transition_many(self, moves: list[Move]) -> list[Transition]:
+        """``transition`` for many jobs in one round trip (one EVALSHA for one); each job moves
+        or not on its own, and a reply lost to a Redis restart is found out per job."""
+        calls = [self._call(move) for move in moves]
+        results: list[Transition | None] = [None] * len(moves)
+        pending = list(range(len(moves)))
         deadline = time.monotonic() + REDIS_OUTAGE_S
         while True:
             try:
-                reply = self._transition(keys=job_keys, args=args)
+                if len(pending) == 1:  # a pipeline would first ask SCRIPT EXISTS (a round trip more)
+                    job_keys, args, _ = calls[pending[0]]
+                    replies = [self._transition(keys=job_keys, args=args)]
+                else:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for i in pending:
+                        job_keys, args, _ = calls[i]
+                        self._transition(keys=job_keys, args=args, client=pipe)
+                    replies = pipe.execute()
                 break
             except (redis.ConnectionError, redis.TimeoutError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-                done = self._landed(job_id, token, with_record)
-                if done is not None:
-                    return done
+                # each transition writes its own token, so that after a lost reply we can tell
+                # whether it happened: a Redis restart must neither strand a job nor move it twice
+                still = []
+                for i in pending:
+                    done = self._landed(moves[i].job_id, calls[i][2], moves[i].with_record)
+                    if done is None:
+                        still.append(i)
+                    else:
+                        results[i] = done
+                pending = still
+                if not pending:
+                    return cast(list[Transition], results)
+        for i, reply in zip(pending, replies):
+            results[i] = self._decode(reply, moves[i].with_record)
+        return cast(list[Transition], results)
+
+    def _call(self, move: Move) -> tuple[list[str], list[Any], str]:
+        """The transition script's keys and arguments for ``move``, and its token."""
+        target = move.target
+        sources = ALLOWED_FROM[target] & {move.only_from} if move.only_from else ALLOWED_FROM[target]
+        allowed = ",".join(sorted(s.value for s in sources)) or "-"
+        token = uuid.uuid4().hex
+        args = [move.job_id, target.value, allowed, move.timer, int(target.terminal), self.result_ttl_s,
+                int(move.with_record), "" if move.attempt is None else move.attempt, keys.MINUTE_STATS,
+                keys.MINUTE_STATS_TTL_S, self._index, *_encode({**(move.fields or {}), "transition_id": token})]
+        return self._transition_keys(move.job_id), args, token
+
+    @staticmethod
+    def _decode(reply: list[Any], with_record: bool) -> Transition:
         previous = JobStatus(reply[1]) if reply[1] else None
         if not reply[0]:
             return Transition(False, previous)
@@ -280,19 +340,22 @@ class JobStore:
         """``pending_<stage>`` -> ``<stage>`` and start the timer; fails for a redelivery.
 
         A successful claim carries the job record, read in the same script."""
-        return self.transition(job_id, stage.active, timer="resume", fields=fields, with_record=True)
+        return self.claim_stages([job_id], stage, fields)[0]
+
+    def claim_stages(self, job_ids: list[str], stage: Stage, fields: dict[str, Any] | None = None) -> list[Transition]:
+        """``claim_stage`` for the jobs of one stage message, in one round trip."""
+        return self.transition_many([Move(job_id, stage.active, "resume", fields, with_record=True)
+                                     for job_id in job_ids])
 
     def hand_over(self, job_id: str, stage: Stage, fields: dict[str, Any] | None = None,
                   attempt: int | None = None) -> Transition:
         """``<stage>`` -> ``pending_<next>``, pausing the timer while the job waits in a queue."""
-        assert stage.next is not None
-        return self.transition(job_id, stage.next.pending, timer="pause", fields=fields, attempt=attempt)
+        return self.transition_many([Move.hand_over(job_id, stage, fields, attempt)])[0]
 
     def finish(self, job_id: str, status: JobStatus, fields: dict[str, Any] | None = None,
                attempt: int | None = None) -> Transition:
         """End the job exactly once; wakes every waiter."""
-        assert status.terminal
-        return self.transition(job_id, status, timer="pause", fields=fields, attempt=attempt)
+        return self.transition_many([Move.finish(job_id, status, fields, attempt)])[0]
 
     def cancel(self, job_id: str, reason: str = "cancelled by request") -> Transition:
         """End a job as cancelled unless it has ended already, and tell its worker."""

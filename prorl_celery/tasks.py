@@ -7,33 +7,46 @@ admit stages, and its slots (``PRORL_RUN_SLOTS``, by default ``-c``) are how man
 """
 from __future__ import annotations
 
+from celery import Task
 from celery.exceptions import Reject
 
-from .celery_app import app
+from .celery_app import Payload, app, enqueue
 from .event_loops import StageClosed, stage_loop
-from .pipeline import begin_stage, execute_stage
+from .pipeline import begin_stage, begin_stages, execute_stage
 from .services import get_services
 from .status import Stage
 
 
 @app.task(name="prorl.init")
-def init_stage(job_id: str) -> None:
-    execute_stage(Stage.INIT, job_id)
+def init_stage(job_ids: Payload) -> None:
+    execute_stage(Stage.INIT, job_ids)
 
 
 # acked once it returns, that is once the job is claimed: a message whose worker dies while it
 # waits for a slot goes back to the queue (after the visibility timeout), and a copy of one
 # that was claimed is a no-op through the claim; the running stage is covered by its lease
-@app.task(name="prorl.run", acks_late=True)
-def run_stage(job_id: str) -> None:
+@app.task(name="prorl.run", acks_late=True, bind=True)
+def run_stage(self: Task, job_ids: Payload) -> None:
     services = get_services()
+    loop = stage_loop(services.settings.run_slots or 64)
     try:
-        stage_loop(services.settings.run_slots or 64).admit(
-            lambda loop: begin_stage(Stage.RUN, job_id, services, loop))
+        if isinstance(job_ids, str):
+            loop.admit(lambda loop: begin_stage(Stage.RUN, job_ids, services, loop))
+            return
+        taken = loop.admit_many(len(job_ids), lambda loop, n: begin_stages(Stage.RUN, job_ids[:n], services, loop))
     except StageClosed:  # shutting down before it was claimed: another worker will run it
         raise Reject("worker shutting down", requeue=True) from None
+    if taken < len(job_ids):
+        # the stages this worker has no slot for go back as one message, to whichever RUN
+        # worker (this one included) has a slot first; its own queue: run.<node> stays local
+        queue = (self.request.delivery_info or {}).get("routing_key") or Stage.RUN.value
+        rest = job_ids[taken:]
+        try:
+            enqueue(Stage.RUN, rest[0] if len(rest) == 1 else rest, queue=queue)
+        except Exception as error:  # the broker stayed away: the whole message again (claimed ones are no-ops)
+            raise Reject(f"cannot hand on RUN stages: {error}", requeue=True) from error
 
 
 @app.task(name="prorl.eval")
-def eval_stage(job_id: str) -> None:
-    execute_stage(Stage.EVAL, job_id)
+def eval_stage(job_ids: Payload) -> None:
+    execute_stage(Stage.EVAL, job_ids)

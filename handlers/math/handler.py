@@ -13,6 +13,7 @@ from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, Sandbox
 from handlers.math.grading import extract_boxed, is_equivalent
 from handlers.math.instances import MathInstance, normalize_instance
 from handlers.sandbox_tools import PYTHON
+from prorl_celery.status import Stage
 
 FOLLOW_UP = (
     "Your reply does not contain a final answer in the required format. "
@@ -30,6 +31,8 @@ class MathHandler(AgentHandler[ChatLLM]):
     name: ClassVar[str] = "math"
     aliases: ClassVar[tuple[str, ...]] = ("deepscaler", "dapo_math", "math_dapo", "gsm8k", "math500", "aime")
     node_local: ClassVar[bool] = False
+    #: every stage is short and CPU-light (a job with the python tool still starts its INIT alone)
+    batched_stages: ClassVar[frozenset[Stage]] = frozenset(Stage)
     #: Below this many tokens of context left, another turn could not hold a useful answer.
     min_context_tokens: ClassVar[int] = 64
     #: time one python tool call may take inside the sandbox
