@@ -7,10 +7,9 @@ from typing import Any
 
 import msgspec
 
-from . import keys
 from .errors import JobNotFound
 from .status import TERMINAL, Stage
-from .store import JobRecord, JobStore, decode_record
+from .store import JobRecord, JobStore
 from .waiting import ManyWait
 from .wire_v1 import v1_fields
 
@@ -66,14 +65,6 @@ def not_found_line(job_id: str) -> dict[str, Any]:
     """The line of ``POST /jobs/wait`` for an id with no job: the 404 body, naming the id."""
     return {"job_id": job_id, "code": JobNotFound.code,
             "message": f"no job with id {job_id!r} (unknown, or its result expired)"}
-
-
-def load_many(store: JobStore, job_ids: list[str]) -> list[JobRecord | None]:
-    """Many job records in one pipelined round trip (None: no such job)."""
-    pipe = store.redis.pipeline(transaction=False)
-    for job_id in job_ids:
-        pipe.hgetall(keys.job(job_id))
-    return [decode_record(raw) if raw else None for raw in pipe.execute()]
 
 
 def results_as_they_end(store: JobStore, job_ids: list[str], timeout_s: float,
@@ -132,7 +123,7 @@ def _report(store: JobStore, many: ManyWait, left: set[str], job_ids: list[str])
     if not job_ids:
         return []
     lines, done = [], []
-    for job_id, record in zip(job_ids, load_many(store, job_ids)):
+    for job_id, record in zip(job_ids, store.load_many(job_ids)):
         if record is None:
             lines.append(not_found_line(job_id))
         elif record.status.terminal:
@@ -148,7 +139,7 @@ def _report(store: JobStore, many: ManyWait, left: set[str], job_ids: list[str])
 def _at_the_deadline(store: JobStore, job_ids: list[str]) -> list[dict[str, Any]]:
     now = store.server_time()  # once: pending_result would ask Redis for each job
     lines = []
-    for job_id, record in zip(job_ids, load_many(store, job_ids)):
+    for job_id, record in zip(job_ids, store.load_many(job_ids)):
         if record is None:
             lines.append(not_found_line(job_id))
         elif record.status.terminal:

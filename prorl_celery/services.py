@@ -13,11 +13,10 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import redis
 
-from . import keys
 from .cancellation import CancelWatcher
 from .connection import get_redis, reset_clients
 from .group_commit import GroupCommit
@@ -25,7 +24,7 @@ from .leases import LeaseKeeper
 from .llm.pool import BackendPool
 from .metrics import MetricsBuffer
 from .settings import Settings, get_settings
-from .store import JobRecord, JobStore, decode_record
+from .store import JobRecord, JobStore
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -70,24 +69,15 @@ class Services:
         """The gateway's submits, concurrent ones grouped into one ``job_intake.submit`` call
         (:mod:`prorl_celery.group_commit`)."""
         from . import job_intake  # the handlers and Celery are loaded only where jobs are submitted
-        return GroupCommit(lambda specs: job_intake.submit(self.store, specs, celery=self.celery))
+        return GroupCommit(lambda specs: job_intake.submit(self.store, specs, celery=self.celery,
+                                                           batch=self.settings.stage_batch))
 
     @cached_property
     def records(self) -> GroupCommit[str, JobRecord | None]:
         """The gateway's reads of job records, concurrent ones in one pipeline: the listener
         wakes the waiters of every job one stream read names at once, and each then reads its
         job's record (None: no such job)."""
-        return GroupCommit(self._load_records)
-
-    def _load_records(self, job_ids: list[str]) -> list[JobRecord | None]:
-        if len(job_ids) == 1:  # one HGETALL: a pipeline costs more than it saves for one
-            raws: list[dict[str, str]] = [cast(dict[str, str], self.redis.hgetall(keys.job(job_ids[0])))]
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            for job_id in job_ids:
-                pipe.hgetall(keys.job(job_id))
-            raws = pipe.execute()
-        return [decode_record(raw) if raw else None for raw in raws]
+        return GroupCommit(self.store.load_many)
 
     @cached_property
     def pool(self) -> BackendPool:

@@ -236,6 +236,17 @@ class JobStore:
             raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
         return decode_record(raw)
 
+    def load_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """Many job records in one round trip (None: no such job, or its result expired)."""
+        if len(job_ids) == 1:  # one HGETALL: a pipeline costs more than it saves for one
+            raws = [cast(dict[str, str], self.redis.hgetall(keys.job(job_ids[0])))]
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hgetall(keys.job(job_id))
+            raws = pipe.execute()
+        return [decode_record(raw) if raw else None for raw in raws]
+
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")
         return JobStatus(value) if value else None
