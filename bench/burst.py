@@ -358,7 +358,8 @@ def job_ids(tag: str, size: int) -> list[str]:
 async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
                   per_job: bool = False) -> tuple[float, list[dict]]:
     """submit_many (POST /jobs in batches), then one POST /jobs/wait stream per WAIT_CHUNK ids
-    (``per_job``: every job's GET /jobs/<id>?wait=, all at once, instead)."""
+    (``per_job``: every job's GET /jobs/<id>?wait=, all at once, instead; also on a baseline
+    tree from before POST /jobs/wait, whose batched style waited so)."""
     from prorl_celery.client import AsyncRolloutClient, JobRequest
 
     ids = job_ids(tag, size)
@@ -371,6 +372,8 @@ async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
                 return reply
             if status != 202:
                 raise RuntimeError(f"GET /jobs/{job_id}: {status} {reply}")
+    if not per_job and not await streams_waits(gateway):
+        per_job = True  # a baseline tree from before POST /jobs/wait: its batched style waited per job
     async with AsyncRolloutClient(cluster.gateway_url, timeout_s=600) as client:
         requests = [JobRequest(instance(tag, i), SAMPLING, job_id, None, None) for i, job_id in enumerate(ids)]
         t0.append(time.time())
@@ -383,6 +386,17 @@ async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
                                             for i in range(0, len(ids), WAIT_CHUNK)))
             results = [r for chunk in chunks for r in chunk]
         return time.perf_counter() - started, results
+
+
+async def streams_waits(gateway: LightHTTP) -> bool:
+    """Does this gateway serve POST /jobs/wait? (Not a tree older than it.)"""
+    lines = []
+    try:
+        async for line in gateway.stream_lines("POST", "/jobs/wait", {"job_ids": ["burst-probe"], "timeout_s": 0}):
+            lines.append(line)
+    except RuntimeError:  # 404/405 from an older gateway
+        return False
+    return bool(lines)
 
 
 async def streamed(gateway: LightHTTP, ids: list[str]) -> list[dict]:
