@@ -124,13 +124,10 @@ def _report(store: JobStore, many: ManyWait, left: set[str], job_ids: list[str])
         return []
     lines, done = [], []
     for job_id, record in zip(job_ids, store.load_many(job_ids)):
-        if record is None:
-            lines.append(not_found_line(job_id))
-        elif record.status.terminal:
-            lines.append(build_result(store, record))
-        else:
-            continue
-        done.append(job_id)
+        line = _line(store, job_id, record)
+        if line is not None:
+            lines.append(line)
+            done.append(job_id)
     left.difference_update(done)
     many.drop(done)
     return lines
@@ -140,13 +137,19 @@ def _at_the_deadline(store: JobStore, job_ids: list[str]) -> list[dict[str, Any]
     now = store.server_time()  # once: pending_result would ask Redis for each job
     lines = []
     for job_id, record in zip(job_ids, store.load_many(job_ids)):
-        if record is None:
-            lines.append(not_found_line(job_id))
-        elif record.status.terminal:
-            lines.append(build_result(store, record))
-        else:
-            lines.append(pending_result(store, record, now=now))
+        line = _line(store, job_id, record)
+        if line is None:  # still running: _line answers for an unknown id itself
+            assert record is not None
+            line = pending_result(store, record, now=now)
+        lines.append(line)
     return lines
+
+
+def _line(store: JobStore, job_id: str, record: JobRecord | None) -> dict[str, Any] | None:
+    """An ended job's line (or an unknown id's); None while the job runs."""
+    if record is None:
+        return not_found_line(job_id)
+    return build_result(store, record) if record.status.terminal else None
 
 
 def _ndjson(lines: list[dict[str, Any]]) -> bytes:

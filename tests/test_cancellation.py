@@ -12,15 +12,9 @@ import redis
 from prorl_celery.cancellation import CancelWatcher
 from prorl_celery.status import JobStatus
 from prorl_celery.store import JobStore
-from tests.support.services import start_redis
+from tests.support.services import own_redis_fixture
 
-
-@pytest.fixture(scope="module")
-def own_redis(tmp_path_factory) -> str:
-    """A redis-server of this module's own: INFO commandstats counts every client of a server."""
-    url, handle = start_redis(tmp_path_factory.mktemp("redis-cancel"), "redis-cancel")
-    yield url
-    handle.stop()
+own_redis = own_redis_fixture("redis-cancel")
 
 
 @pytest.fixture

@@ -12,17 +12,12 @@ from prorl_celery import keys, leases
 from prorl_celery.leases import LeaseKeeper, Reaper, backfill, index_drift
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
-from tests.support.services import start_redis
+from tests.support.services import own_redis_fixture
 
 LEASE_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def own_redis(tmp_path_factory) -> str:
-    """A redis-server of this module's own: INFO commandstats counts every client of a server."""
-    url, handle = start_redis(tmp_path_factory.mktemp("redis-leases"), "redis-leases")
-    yield url
-    handle.stop()
+own_redis = own_redis_fixture("redis-leases")
 
 
 @pytest.fixture

@@ -92,6 +92,17 @@ def eventually(check, timeout_s: float = 10.0, what: str = "condition") -> None:
         time.sleep(0.05)
 
 
+def own_redis_fixture(name: str):
+    """A module-scoped fixture: a redis-server of the module's own, for tests that count
+    ``INFO commandstats`` (it counts every client of a server). Yields its URL."""
+    @pytest.fixture(scope="module")
+    def own_redis(tmp_path_factory):
+        url, handle = start_redis(tmp_path_factory.mktemp(name), name)
+        yield url
+        handle.stop()
+    return own_redis
+
+
 def start_redis(log_dir: Path, name: str = "redis", *extra_args: str) -> tuple[str, ManagedProcess]:
     """A redis-server on a free loopback port, no persistence: ``(url, process)``."""
     binary = shutil.which("redis-server")
