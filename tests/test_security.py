@@ -4,9 +4,6 @@ trainer client's token and a chunked body's limit go over HTTP to a real gunicor
 through PRORL_* variables."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import httpx
 import pytest
 import schemathesis
@@ -14,8 +11,8 @@ from hypothesis import HealthCheck, settings
 
 from api import create_app
 from api.openapi import openapi_document
-from prorl_celery.local import ManagedProcess, free_port, wait_until
 from tests.support.app import close_app, make_app
+from tests.support.services import start_gateway
 
 MAX_BYTES = 64 * 1024
 SPEC = openapi_document()
@@ -49,17 +46,8 @@ def secured(secured_app):
 @pytest.fixture(scope="module")
 def secured_url(cluster, tmp_path_factory):
     """The same settings as environment variables of a real gunicorn."""
-    tmp_path = tmp_path_factory.mktemp("secured")
-    port = free_port()
-    env = {**cluster.service_env(), **{f"PRORL_{name.upper()}": str(value) for name, value in SECURED.items()}}
-    log = tmp_path / "gateway.log"
-    with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
-                                  "-b", f"127.0.0.1:{port}", "api:create_app()"], env=env, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    gateway = ManagedProcess("secured-gateway", popen, log)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "secured gateway", gateway)
+    env = {f"PRORL_{name.upper()}": str(value) for name, value in SECURED.items()}
+    url, gateway = start_gateway(cluster, tmp_path_factory.mktemp("secured"), "secured-gateway", env)
     yield url
     gateway.stop()
 

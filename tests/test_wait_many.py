@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import pytest
 
 from prorl_celery.client import JobRequest, RolloutClient
-from prorl_celery.local import ManagedProcess, free_port, wait_until
+from prorl_celery.local import wait_until
+from tests.support.services import start_gateway
 
 #: every result line is GET /jobs/<id>'s body of an ended job
 TERMINAL = {"completed", "failed", "cancelled", "timeout"}
@@ -192,16 +190,8 @@ class CuttingProxy:
 @pytest.fixture(scope="module")
 def gthread_url(cluster, tmp_path_factory):
     """A second gunicorn on the cluster, of the thread-per-request worker class."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("gthread") / "gateway.log"
-    env = {**cluster.service_env(), "PRORL_GATEWAY_WORKER_CLASS": "gthread", "PRORL_GATEWAY_THREADS": "8"}
-    with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
-                                  "-b", f"127.0.0.1:{port}", "api:create_app()"], env=env, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    gateway = ManagedProcess("gthread-gateway", popen, log)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "gthread gateway", gateway)
+    env = {"PRORL_GATEWAY_WORKER_CLASS": "gthread", "PRORL_GATEWAY_THREADS": "8"}
+    url, gateway = start_gateway(cluster, tmp_path_factory.mktemp("gthread"), "gthread-gateway", env)
     yield url
     gateway.stop()
 

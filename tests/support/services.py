@@ -103,6 +103,22 @@ def own_redis_fixture(name: str):
     return own_redis
 
 
+def start_gateway(cluster: LocalCluster, log_dir: Path, name: str, env: dict[str, str]) -> tuple[str, ManagedProcess]:
+    """A second one-worker gunicorn on ``cluster``'s Redis, with ``env`` over the cluster's
+    service environment (other settings, another worker class): ``(url, process)``, healthy."""
+    port = free_port()
+    log = log_dir / "gateway.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "-w", "1",
+                                  "-b", f"127.0.0.1:{port}", "api:create_app()"],
+                                 env={**cluster.service_env(), **env}, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    gateway = ManagedProcess(name, popen, log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, 60, name, gateway)
+    return url, gateway
+
+
 def start_redis(log_dir: Path, name: str = "redis", *extra_args: str) -> tuple[str, ManagedProcess]:
     """A redis-server on a free loopback port, no persistence: ``(url, process)``."""
     binary = shutil.which("redis-server")
