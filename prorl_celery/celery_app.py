@@ -1,6 +1,7 @@
 """The Celery application: three stage queues on a Redis broker, tuned for long tasks."""
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -199,6 +200,16 @@ def pack(job_ids: list[str], batch: int) -> list[Payload]:
 
 #: one message to publish: its stage, its queue (None: the stage's shared one) and its payload
 Message = tuple[Stage, str | None, Payload]
+
+
+def pack_messages(jobs: Sequence[tuple[Stage, str | None, str, Hashable | None]], batch: int) -> list[Message]:
+    """The messages for ``jobs``, each ``(stage, queue, job id, share key)``: jobs of one stage,
+    queue and share key in chunks of at most ``batch`` ids, a job whose key is None alone."""
+    groups: dict[tuple[Stage, str | None, Hashable | None], list[str]] = {}
+    for stage, queue, job_id, key in jobs:
+        groups.setdefault((stage, queue, key), []).append(job_id)
+    return [(stage, queue, payload) for (stage, queue, key), job_ids in groups.items()
+            for payload in pack(job_ids, batch if key is not None else 1)]
 
 
 def publish(messages: list[Message], *, celery: Celery | None = None) -> None:

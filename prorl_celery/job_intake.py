@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from handlers import JobContext, get_handler
 
-from .celery_app import Message, pack, publish
+from .celery_app import Message, pack_messages, publish
 from .errors import BadRequest, ServiceStopped
 from .sampling import UnresolvedTokenizer, resolve_tokenizer, split
 from .settings import Settings, get_settings
@@ -116,15 +116,10 @@ def init_messages(specs: list[JobSpec], batch: int) -> list[Message]:
     every other job alone."""
     if batch <= 1:
         return [(Stage.INIT, None, spec.job_id) for spec in specs]
-    alone: list[str] = []
-    chunks: dict[str, list[str]] = {}
+    jobs = []
     for spec in specs:
-        handler = get_handler(spec.task)
         job = JobContext(job_id=spec.job_id, task=spec.task, instance=spec.instance,
                          sampling_params=spec.sampler, agent_params=spec.agent)
-        if handler.shares_messages(Stage.INIT, job):
-            chunks.setdefault(spec.task, []).append(spec.job_id)
-        else:
-            alone.append(spec.job_id)
-    return [(Stage.INIT, None, payload)
-            for payload in [*alone, *(p for ids in chunks.values() for p in pack(ids, batch))]]
+        shares = get_handler(spec.task).shares_messages(Stage.INIT, job)
+        jobs.append((Stage.INIT, None, spec.job_id, spec.task if shares else None))
+    return pack_messages(jobs, batch)

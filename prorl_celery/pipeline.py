@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
 
-from .celery_app import Payload, node_queue, pack, publish
+from .celery_app import Payload, node_queue, pack_messages, publish
 from .errors import JobCancelled, JobNotFound, StageTimeout, UnknownTask
 from .event_loops import Batched, loop_local, run_coro, thread_loop
 from .job_sandboxes import tool_client
@@ -412,11 +412,8 @@ async def _publish(services: Services, message: Publish) -> None:
 
 
 def _publish_batch(batch: int, messages: list[Publish]) -> list[None]:
-    groups: dict[tuple[Stage, str | None, bool], list[str]] = {}
-    for stage, queue, job_id, shares in messages:
-        groups.setdefault((stage, queue, shares), []).append(job_id)
-    publish([(stage, queue, payload) for (stage, queue, shares), job_ids in groups.items()
-             for payload in pack(job_ids, batch if shares else 1)])
+    publish(pack_messages([(stage, queue, job_id, True if shares else None)
+                           for stage, queue, job_id, shares in messages], batch))
     return [None] * len(messages)
 
 
