@@ -111,6 +111,24 @@ class VLLMServer:
         """Requests vLLM finished for any reason (stop, length, abort, ...)."""
         return sum(v for k, v in self.metrics().items() if k.startswith("request_success_total:"))
 
+    def first_tokens(self) -> float:
+        """Requests that produced their first token (the TTFT histogram's count). Like
+        :meth:`generated` it is a counter, so unlike the running gauge it never shows a stale
+        value: on a loaded machine the gauge was seen to lag the tokens by seconds."""
+        return self.metrics()["time_to_first_token_seconds_count"]
+
+    def generating(self, window_s: float = 0.3) -> bool:
+        """Whether tokens are being generated: the counter moves within ``window_s``."""
+        before = self.generated()
+        time.sleep(window_s)
+        return self.generated() > before
+
+    def wait_idle(self, timeout_s: float = 60) -> None:
+        """Until no request runs: the gauge says 0 and no token is generated for a while (an
+        earlier test's request still finishing would move the counters a test reads)."""
+        wait_until(lambda: self.running() == 0 and not self.generating(0.5), timeout_s,
+                   f"{self.name} idle")
+
     def stop(self) -> None:
         self.process.stop(grace_s=15)
 
