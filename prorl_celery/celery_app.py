@@ -1,13 +1,21 @@
 """The Celery application: three stage queues on a Redis broker, tuned for long tasks."""
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Hashable, Sequence
 from functools import partial
+from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery, bootsteps
-from kombu import Queue
+from celery.utils.nodenames import anon_nodename
+from kombu import Producer, Queue
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
+from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.uuid import uuid
 
 from .connection import broker_ssl_options
 from .settings import Settings, get_settings
@@ -21,6 +29,43 @@ def node_queue(stage: Stage, node: str) -> str:
     return f"{stage.value}.{node}"
 
 
+class _QoS(kombu_redis.QoS):
+    """kombu's Redis ack emulation, its two bookkeeping writes per delivered message (``ZADD
+    unacked_index`` + ``HSET unacked``) and per ack (``HDEL`` + ``ZREM``) each sent as one
+    pipeline without MULTI/EXEC: twelve of a job's Redis commands (``python -m bench.overhead``).
+
+    Atomicity buys nothing here. The restore sweep only looks at index entries older than the
+    visibility timeout and restores a message only if its hash entry is there (an entry without
+    one it just drops), so an ack removes the hash entry first: cut off halfway, it leaves an
+    index entry the sweep drops, never a message restored after its ack. A delivery cut off
+    halfway is the same loss as one whose reply never arrived. A restore keeps kombu's own
+    WATCH/MULTI transaction."""
+
+    def append(self, message, delivery_tag) -> None:
+        delivery = message.delivery_info
+        raw = kombu_dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.channel.conn_or_acquire() as client:
+            client.pipeline(transaction=False).zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag, raw).execute()
+        kombu_virtual.QoS.append(self, message, delivery_tag)
+
+    def ack(self, delivery_tag) -> None:
+        self._forget(delivery_tag)
+        kombu_virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag, requeue: bool = False) -> None:
+        if requeue:  # back to the queue: kombu's transaction
+            super().reject(delivery_tag, requeue=True)
+            return
+        self._forget(delivery_tag)
+        kombu_virtual.QoS.ack(self, delivery_tag)
+
+    def _forget(self, delivery_tag) -> None:
+        with self.channel.conn_or_acquire() as client:
+            client.pipeline(transaction=False).hdel(self.unacked_key, delivery_tag) \
+                .zrem(self.unacked_index_key, delivery_tag).execute()
+
+
 class _Channel(kombu_redis.Channel):
     """kombu's Redis channel, with one synchronous client per channel instead of one per call.
 
@@ -29,6 +74,7 @@ class _Channel(kombu_redis.Channel):
     (its response-callback table), nine times per job over the three stages. A client is
     thread-safe and draws its connections from the channel's pool, so one serves them all."""
 
+    QoS = _QoS
     _sync_client = None
 
     def _create_client(self, asynchronous: bool = False):
@@ -161,6 +207,48 @@ PUBLISH_RETRY = {"max_retries": 60, "interval_start": 0.1, "interval_step": 0.2,
 #: what a stage message carries: one job id, or a chunk of them (``PRORL_STAGE_BATCH``)
 Payload = str | list[str]
 
+#: a stage message's body after its args: no kwargs, and no callbacks, chain or chord
+_NO_KWARGS: dict[str, Any] = {}
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+#: the headers every stage message shares (``amqp.as_task_v2``'s, for a task sent with no options)
+_HEADERS: dict[str, Any] = {
+    "lang": "py", "shadow": None, "eta": None, "expires": None, "group": None, "group_index": None, "retries": 0,
+    "timelimit": [None, None], "parent_id": None, "kwargsrepr": "{}", "ignore_result": True,
+    "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {}}
+_origin: tuple[int, str] = (0, "")
+
+
+def _origin_name() -> str:
+    """Celery's ``origin`` header (``gen<pid>@<host>``), computed once per process (a forked
+    gunicorn worker gets its own)."""
+    global _origin
+    pid = os.getpid()
+    if _origin[0] != pid:
+        _origin = (pid, anon_nodename())
+    return _origin[1]
+
+
+def _send(sender: Celery, producer: Producer, stage: Stage, queue: str | None, payload: Payload,
+          **retry: Any) -> None:
+    """Publish one stage message: the Celery protocol-2 task message ``send_task`` would build
+    (same headers, body and properties; a worker consumes it unchanged), without what
+    ``send_task`` does around it for options stage tasks never use (routing, signature
+    options, ``saferepr``, result bookkeeping, retry wrapping): a third of its CPU in a batch
+    (``python -m bench.publish``). With ``task_send_sent_event`` on (``PRORL_TASK_EVENTS``) it
+    is ``send_task`` itself, whose task-sent event Flower shows."""
+    name, target = f"prorl.{stage.value}", queue or stage.value
+    if sender.conf.task_send_sent_event:
+        sender.send_task(name, args=[payload], queue=target, producer=producer, declare=_declare(sender, target),
+                         **retry)
+        return
+    task_id = uuid()
+    args = [payload]
+    headers = {**_HEADERS, "task": name, "id": task_id, "root_id": task_id, "origin": _origin_name(),
+               "argsrepr": repr(args)[:sender.amqp.argsrepr_maxsize]}
+    producer.publish(json.dumps((args, _NO_KWARGS, _EMBED)), routing_key=target, exchange="", headers=headers,
+                     content_type="application/json", content_encoding="utf-8", delivery_mode=2,
+                     declare=_declare(sender, target), correlation_id=task_id, reply_to="", **retry)
+
 
 def enqueue(stage: Stage, job_id: Payload, *, queue: str | None = None, celery: Celery | None = None) -> None:
     """Hand a job (or a chunk of jobs, one message) to ``stage``'s queue (or a node's own queue
@@ -170,23 +258,22 @@ def enqueue(stage: Stage, job_id: Payload, *, queue: str | None = None, celery: 
     in ``pending_<stage>`` for good, so publishing outlasts a Redis restart (Celery's default
     gives up after 0.6 s). ``celery``: publish through that app instead of this module's."""
     sender = celery or app
-    name, target = f"prorl.{stage.value}", queue or stage.value
-    declare = _declare(sender)
     try:
         # one attempt without kombu's retry wrapper first (a sixth of a publish's CPU); a failure
         # is sent again with retries: a copy that got through twice is a no-op by the stage claim
-        sender.send_task(name, args=[job_id], queue=target, retry=False, declare=declare)
+        with sender.producer_or_acquire() as producer:
+            _send(sender, producer, stage, queue, job_id)
     except Exception:  # noqa: BLE001 - the broker blinked: retried below
-        sender.send_task(name, args=[job_id], queue=target, retry=True, retry_policy=PUBLISH_RETRY,
-                         declare=declare)
+        with sender.producer_or_acquire() as producer:
+            _send(sender, producer, stage, queue, job_id, retry=True, retry_policy=PUBLISH_RETRY)
 
 
-def _declare(sender: Celery) -> list | None:
+def _declare(sender: Celery, queue: str) -> list[Queue]:
     """What a publish declares: nothing on our Redis transport, where a stage message goes
     straight to its queue's list (the anonymous exchange) and the consuming workers declare
-    their queues; Celery's default (the queue, once per channel, yet checked on every publish:
-    a tenth of a publish's CPU) elsewhere."""
-    return [] if sender.conf.broker_transport is RedisTransport else None
+    their queues; the queue elsewhere (kombu declares it once per channel), as ``send_task``
+    would."""
+    return [] if sender.conf.broker_transport is RedisTransport else [sender.amqp.queues[queue]]
 
 
 def pack(job_ids: list[str], batch: int) -> list[Payload]:
@@ -223,12 +310,10 @@ def publish(messages: list[Message], *, celery: Celery | None = None) -> None:
             enqueue(stage, payload, queue=queue, celery=celery)
         return
     sender = celery or app
-    declare = _declare(sender)
     try:
         with sender.producer_or_acquire() as producer, producer.batch():
             for stage, queue, payload in messages:
-                sender.send_task(f"prorl.{stage.value}", args=[payload], queue=queue or stage.value,
-                                 producer=producer, declare=declare)
+                _send(sender, producer, stage, queue, payload)
     except Exception:  # noqa: BLE001 - the broker blinked: fall back to retried publishes
         for stage, queue, payload in messages:
             enqueue(stage, payload, queue=queue, celery=celery)
