@@ -213,8 +213,8 @@ _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 #: the headers every stage message shares (``amqp.as_task_v2``'s, for a task sent with no options)
 _HEADERS: dict[str, Any] = {
     "lang": "py", "shadow": None, "eta": None, "expires": None, "group": None, "group_index": None, "retries": 0,
-    "timelimit": [None, None], "parent_id": None, "kwargsrepr": "{}", "ignore_result": True,
-    "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {}}
+    "parent_id": None, "kwargsrepr": "{}", "ignore_result": True, "replaced_task_nesting": 0,
+    "stamped_headers": None}
 _origin: tuple[int, str] = (0, "")
 
 
@@ -233,8 +233,8 @@ def _send(sender: Celery, producer: Producer, stage: Stage, queue: str | None, p
     """Publish one stage message: the Celery protocol-2 task message ``send_task`` would build
     (same headers, body and properties; a worker consumes it unchanged), without what
     ``send_task`` does around it for options stage tasks never use (routing, signature
-    options, ``saferepr``, result bookkeeping, retry wrapping): a third of its CPU in a batch
-    (``python -m bench.publish``). With ``task_send_sent_event`` on (``PRORL_TASK_EVENTS``) it
+    options, ``saferepr``, result bookkeeping, retry wrapping): 0.4x its CPU per message in a batch,
+    0.7x alone (``python -m bench.publish``). With ``task_send_sent_event`` on (``PRORL_TASK_EVENTS``) it
     is ``send_task`` itself, whose task-sent event Flower shows."""
     name, target = f"prorl.{stage.value}", queue or stage.value
     if sender.conf.task_send_sent_event:
@@ -244,7 +244,7 @@ def _send(sender: Celery, producer: Producer, stage: Stage, queue: str | None, p
     task_id = uuid()
     args = [payload]
     headers = {**_HEADERS, "task": name, "id": task_id, "root_id": task_id, "origin": _origin_name(),
-               "argsrepr": repr(args)[:sender.amqp.argsrepr_maxsize]}
+               "argsrepr": repr(args)[:sender.amqp.argsrepr_maxsize], "timelimit": [None, None], "stamps": {}}
     producer.publish(json.dumps((args, _NO_KWARGS, _EMBED)), routing_key=target, exchange="", headers=headers,
                      content_type="application/json", content_encoding="utf-8", delivery_mode=2,
                      declare=_declare(sender, target), correlation_id=task_id, reply_to="", **retry)
