@@ -224,17 +224,32 @@ def evaluate(sandbox, instance: dict[str, Any], solution: str | None, job_id: st
     return asyncio.run(body())
 
 
-def test_every_shipped_problem_passes_its_reference_and_fails_a_wrong_solution(sandbox):
+def _problem_params() -> list[Any]:
+    """Every shipped problem; the default run judges the first of each test style (stdio, call,
+    pytest) and leaves the other twelve, the same code paths on other data, to ``-m extended``
+    (about 1.3 s of sandboxed judging each)."""
+    styles_seen: set[str] = set()
+    params = []
     for problem_id, problem in PROBLEMS.items():
-        right = evaluate(sandbox, problem, SOLUTIONS[problem_id]["reference"])
-        assert right.reward == 1.0, (problem_id, right.details)
-        assert right.details["fraction_passed"] == 1.0
-        assert len(right.details["verdicts"]) == len(judge_tests(normalize_instance(problem)))
-        wrong = evaluate(sandbox, problem, SOLUTIONS[problem_id]["wrong"])
-        assert wrong.reward == 0.0, problem_id
-        assert wrong.details["passed"] < wrong.details["total"]
-        assert {v["verdict"] for v in wrong.details["verdicts"]} - {"passed"} <= {"wrong_answer", "time_limit"}, \
-            (problem_id, wrong.details["counts"])
+        style = normalize_instance(problem).style
+        marks = () if style not in styles_seen else (pytest.mark.extended,)
+        styles_seen.add(style)
+        params.append(pytest.param(problem_id, id=problem_id, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("problem_id", _problem_params())
+def test_every_shipped_problem_passes_its_reference_and_fails_a_wrong_solution(sandbox, problem_id):
+    problem = PROBLEMS[problem_id]
+    right = evaluate(sandbox, problem, SOLUTIONS[problem_id]["reference"])
+    assert right.reward == 1.0, (problem_id, right.details)
+    assert right.details["fraction_passed"] == 1.0
+    assert len(right.details["verdicts"]) == len(judge_tests(normalize_instance(problem)))
+    wrong = evaluate(sandbox, problem, SOLUTIONS[problem_id]["wrong"])
+    assert wrong.reward == 0.0, problem_id
+    assert wrong.details["passed"] < wrong.details["total"]
+    assert {v["verdict"] for v in wrong.details["verdicts"]} - {"passed"} <= {"wrong_answer", "time_limit"}, \
+        (problem_id, wrong.details["counts"])
 
 
 def test_verl_sample_rows_pass_their_reference_solutions(sandbox):

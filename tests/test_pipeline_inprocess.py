@@ -11,14 +11,15 @@ from prorl_celery.status import JobStatus, Stage
 
 
 def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_stranding(redis_url):
-    settings = Settings(redis_url=redis_url + "/7", node="lonely-node",
+    # a short heartbeat: INIT waits two of them for a RUN worker to show up before it fails
+    settings = Settings(redis_url=redis_url + "/7", node="lonely-node", heartbeat_s=0.5,
                         handlers="localfault=tests.support.handlers:LocalFaultHandler")
     redis.Redis.from_url(settings.redis_url).flushdb()
     registry.configure(settings.handlers)
     services = Services(settings)
     services.store.create("j1", {"task": "localfault", "instance": {}, "budget_s": 10})
     try:
-        execute_stage(Stage.INIT, "j1", services)  # waits two heartbeats (10 s) for a RUN worker
+        execute_stage(Stage.INIT, "j1", services)  # waits two heartbeats (1 s) for a RUN worker
     finally:
         registry.configure("")
         services.close()

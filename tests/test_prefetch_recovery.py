@@ -30,7 +30,13 @@ def one_thread_init(tmp_path_factory):
 
 def test_a_killed_workers_prefetched_stage_is_redelivered(one_thread_init) -> None:
     cluster = one_thread_init
-    gateway = httpx.Client(base_url=cluster.gateway_url, timeout=60)
+    # closed at the end: a keep-alive connection left open holds gunicorn's graceful stop for
+    # the whole of the cluster's 10 s grace
+    with httpx.Client(base_url=cluster.gateway_url, timeout=60) as gateway:
+        check_redelivery(cluster, gateway)
+
+
+def check_redelivery(cluster: LocalCluster, gateway: httpx.Client) -> None:
     broker = redis.Redis.from_url(cluster.broker_url)
     # the first keeps the only INIT thread busy (on its first attempt); the others are quick
     sleeps = [60, 0, 0]
