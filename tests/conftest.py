@@ -38,7 +38,14 @@ def llama3_tokenizer() -> str:
 def llm_servers(qwen3_tokenizer, tmp_path_factory) -> list[LLMServer]:
     """Two scripted backends with the same rules (routing, balance and clearing tests)."""
     log_dir = tmp_path_factory.mktemp("llm")
-    servers = [start_llm_server(qwen3_tokenizer, log_dir, f"llm{i}", token_delay=0.002) for i in range(2)]
+    servers = [start_llm_server(qwen3_tokenizer, log_dir, f"llm{i}", token_delay=0.002, wait=False) for i in range(2)]
+    try:
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.process.stop()
+        raise
     yield servers
     for server in servers:
         server.process.stop()

@@ -295,6 +295,10 @@ def job_status(service, job_id: str) -> str:
     return service.get(f"/jobs/{job_id}").json()["status"]
 
 
+# ~20 s by construction (late's rollouts reply LATE_S after the step began): the default run keeps
+# these policies against the in-memory gateway above and the real service's two other tests;
+# CI runs this one with -m extended
+@pytest.mark.extended
 def test_real_service_b_informative_groups_cancel_and_carry_over(service):
     prompts = [math_prompt("late", "LATE"), math_prompt("stuck", "STUCK"), math_prompt("easy", "EASY"),
                math_prompt("hard", "HARD"), math_prompt("mixed-1", "MIXED"), math_prompt("mixed-2", "MIXED")]

@@ -27,7 +27,7 @@ from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_unt
 from prorl_celery.node_sandboxes import RedisSandboxLedger
 from prorl_celery.status import JobStatus, Stage
 from singularity.runtime import SandboxRecord, procfs
-from tests.support.services import ROOT, Gateway, eventually, start_llm_server
+from tests.support.services import ROOT, Gateway, eventually
 
 RUN_CONCURRENCY = 64
 LEASE_S = 3.0
@@ -62,11 +62,13 @@ def fault_cluster(qwen3_tokenizer, tmp_path_factory) -> LocalCluster:
     assert_no_sandbox_process(sandbox_dir)
 
 
-@pytest.fixture(scope="module")
-def slow_llm(qwen3_tokenizer, tmp_path_factory):
-    server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("faults-llm"), "faults-llm")
-    yield server
-    server.process.stop()
+@pytest.fixture
+def slow_llm(llm_servers):
+    """A session scripted server (the default rules: a "SLOW" prompt waits 60 s for its reply),
+    its log cleared; an LLM server is only an address to this module's cluster."""
+    server = llm_servers[0]
+    server.reset()
+    return server
 
 
 @pytest.fixture
@@ -251,7 +253,6 @@ def test_sigkill_run_worker_with_50_jobs_in_flight(service):
 
 def test_cancel_500_in_flight_jobs(service, slow_llm):
     cluster = service.cluster
-    slow_llm.reset()
     service.post("/add_llm_server", json={"address": slow_llm.address()}).raise_for_status()
     jobs = [service.submit({"data_source": "math", "problem": f"SLOW question {i}", "answer": "1"})
             for i in range(500)]
@@ -284,6 +285,9 @@ def test_cancel_500_in_flight_jobs(service, slow_llm):
 
 # -- 3. /stop with 200 in flight -------------------------------------------------------------------
 
+# ~22 s on 2 cores (100 real sandboxes started, then torn down): the default run keeps /stop and
+# /start (test_service) and the 500-job cancel above; CI runs this one with -m extended
+@pytest.mark.extended
 def test_stop_with_200_in_flight_closes_every_sandbox_then_start(service):
     cluster = service.cluster
     jobs = [service.submit(fault_job(run_sleep_s=120)) for _ in range(200)]

@@ -36,9 +36,15 @@ class LLMServer:
     def reset(self) -> None:
         httpx.post(self.base + "/_reset").raise_for_status()
 
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        wait_until(lambda: httpx.get(self.base + "/health").status_code == 200, timeout_s, self.process.name,
+                   self.process)
+
 
 def start_llm_server(tokenizer: str, log_dir: Path, name: str, rules: Path = RULES,
-                     token_delay: float = 0.0, max_model_len: int | None = None) -> LLMServer:
+                     token_delay: float = 0.0, max_model_len: int | None = None, wait: bool = True) -> LLMServer:
+    """A scripted LLM server, healthy (``wait=False``: just started, :meth:`LLMServer.wait_ready`
+    follows, so that several start side by side: each spends seconds importing transformers)."""
     port = free_port()
     log = log_dir / f"{name}.log"
     with open(log, "wb") as out:
@@ -46,9 +52,10 @@ def start_llm_server(tokenizer: str, log_dir: Path, name: str, rules: Path = RUL
                                   "--tokenizer", tokenizer, "--port", str(port), "--token-delay", str(token_delay),
                                   *(["--max-model-len", str(max_model_len)] if max_model_len else [])],
                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    process = ManagedProcess(name, popen, log)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200, 120, name, process)
-    return LLMServer(process, port)
+    server = LLMServer(ManagedProcess(name, popen, log), port)
+    if wait:
+        server.wait_ready()
+    return server
 
 
 class Gateway(httpx.Client):
