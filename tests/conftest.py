@@ -10,7 +10,7 @@ import redis
 
 from prorl_celery.local import LocalCluster
 from prorl_celery.status import Stage
-from tests.support.services import ROOT, Gateway, LLMServer, start_llm_server, start_redis
+from tests.support.services import ROOT, Gateway, LLMServer, rules_file, start_llm_server, start_redis
 
 pytest_plugins = ["tests.conftest_llm"] if (Path(__file__).parent / "conftest_llm.py").exists() else []
 
@@ -48,6 +48,25 @@ def llm_servers(qwen3_tokenizer, tmp_path_factory) -> list[LLMServer]:
         raise
     yield servers
     for server in servers:
+        server.process.stop()
+
+
+@pytest.fixture(scope="session")
+def random_llm_servers(qwen3_tokenizer, llama3_tokenizer, tmp_path_factory) -> dict[str, LLMServer]:
+    """Scripted servers without rules (random ids from the prompt and the request's seed), one per
+    tokenizer fixture, by its name; started side by side. A test that reads a log resets it."""
+    log_dir = tmp_path_factory.mktemp("random-llm")
+    servers = {name: start_llm_server(tokenizer, log_dir, f"random-{name}", rules=rules_file([]), wait=False)
+               for name, tokenizer in (("qwen3", qwen3_tokenizer), ("llama3", llama3_tokenizer))}
+    try:
+        for server in servers.values():
+            server.wait_ready()
+    except BaseException:
+        for server in servers.values():
+            server.process.stop()
+        raise
+    yield servers
+    for server in servers.values():
         server.process.stop()
 
 
@@ -115,7 +134,7 @@ def app_gateway(cluster: LocalCluster, gateway_app):
 # one, directly or through another fixture, is an integration test, and so is every test of a
 # module that starts its own (sandboxes, tool servers, clusters of its own, judged programs).
 PROCESS_FIXTURES = frozenset({"redis_url", "cluster", "gateway", "llm_servers", "llm_server",
-                              "scripted_llm_server"})
+                              "scripted_llm_server", "random_llm_servers"})
 PROCESS_MODULES = frozenset({"test_faults", "test_handler_package", "test_multinode", "test_prefetch_recovery",
                              "test_redis_auth", "test_runtime_contract", "test_runtime_unprivileged",
                              "test_toolserver", "test_toolserver_lifecycle", "test_images_build",

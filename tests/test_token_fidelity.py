@@ -13,7 +13,6 @@ import pytest
 
 from prorl_celery.llm.fidelity import check_trajectory
 from prorl_celery.llm.tokenizer import load_tokenizer
-from tests.support.services import rules_file, start_llm_server
 
 JOBS_PER_TEMPLATE = 100
 
@@ -25,12 +24,12 @@ def gateway(app_gateway):
 
 
 @pytest.fixture(params=["qwen3", "llama3"])
-def random_backend(request, gateway, tmp_path):
+def random_backend(request, gateway, random_llm_servers):
     tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
-    server = start_llm_server(tokenizer, tmp_path, f"random-{request.param}", rules=rules_file([]))
+    server = random_llm_servers[request.param]
+    server.reset()  # its log is this test's backend calls only
     assert gateway.post("/add_llm_server", json={"address": server.address()}).status_code == 200
-    yield request.param, tokenizer, server
-    server.process.stop()
+    return request.param, tokenizer, server
 
 
 def test_trajectories_are_exactly_what_the_backend_saw(gateway, random_backend):

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 from prorl_celery.integrations.trl import ProrlRollout
 from prorl_celery.llm.tokenizer import load_tokenizer
-from tests.support.services import rules_file, start_llm_server
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 48}
 
@@ -53,9 +52,9 @@ def test_text_path_is_the_template_rendering_without_logprobs(gateway, backend, 
                                 "model_tokens_added_per_trajectory": float(len(think))}]
 
 
-def test_seeded_rollouts_repeat_across_runs_and_differ_within_a_group(gateway, qwen3_tokenizer, tmp_path):
+def test_seeded_rollouts_repeat_across_runs_and_differ_within_a_group(gateway, random_llm_servers):
     # no rules: the scripted server replies with ids drawn from (prompt, request seed)
-    server = start_llm_server(qwen3_tokenizer, tmp_path, "random", rules=rules_file([]))
+    server = random_llm_servers["qwen3"]
     gateway.post("/add_llm_server", json={"address": server.address()}).raise_for_status()
     instance = {"data_source": "math", "problem": "What is 1 + 1?", "answer": "2", "max_iterations": 1}
     prompts = ["a"] * 4 + ["b"] * 4
@@ -72,10 +71,7 @@ def test_seeded_rollouts_repeat_across_runs_and_differ_within_a_group(gateway, q
         assert [r["job_id"].rsplit("-", 1)[1] for r in rollout.results] == ["0", "1", "2", "3"] * 2
         return [tuple(ids) for ids in out["completion_ids"]]
 
-    try:
-        first = completions(seed=5, step=3)
-        assert completions(seed=5, step=3) == first  # the same samples from the same weights
-        assert len(set(first)) == len(prompts)  # yet every rollout its own seed
-        assert completions(seed=5, step=4) != first and completions(seed=6, step=3) != first
-    finally:
-        server.process.stop()
+    first = completions(seed=5, step=3)
+    assert completions(seed=5, step=3) == first  # the same samples from the same weights
+    assert len(set(first)) == len(prompts)  # yet every rollout its own seed
+    assert completions(seed=5, step=4) != first and completions(seed=6, step=3) != first
