@@ -45,9 +45,13 @@ def test_listener_wakes_its_own_job_among_many_others(store: JobStore) -> None:
             store.finish(job_id, JobStatus.FAILED)
     threading.Timer(0.2, end_all).start()
     reads: list[str] = []
+
+    def read_status() -> JobStatus | None:
+        reads.append("mine")
+        return None
     started = time.monotonic()
     # the status comes from the stream entry: the read_status given is never called
-    status = store.waiter.wait("mine", 10, lambda: reads.append("read") or None, registered=registered)
+    status = store.waiter.wait("mine", 10, read_status, registered=registered)
     assert status is JobStatus.CANCELLED
     assert reads == []
     assert time.monotonic() - started < 5
