@@ -24,8 +24,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     from prorl_celery.services import Services
     from prorl_celery.settings import get_settings
 
-    from . import auth, dashboard, errors, extension, routes, status_views
+    from . import auth, dashboard, errors, extension, gevent_redis, routes, status_views
     from .json_provider import MsgspecJSONProvider
+
+    gevent_redis.install()  # under gunicorn's gevent worker only
 
     settings = settings or get_settings()
     registry.configure(settings.handlers)

@@ -6,7 +6,8 @@ thousands of waiting requests (``PRORL_GATEWAY_CONNECTIONS`` each). gunicorn's g
 monkey-patches the process before the app loads, so redis-py, kombu and the waiter's listener
 are cooperative. ``PRORL_GATEWAY_WORKER_CLASS=gthread`` is the thread-per-request fallback (each
 waiting request holds one of ``PRORL_GATEWAY_THREADS``); never the sync worker, which cannot
-hold long waits. Without gevent installed, gthread is used.
+hold long waits. Without gevent installed, gthread is used. gunicorn parses requests with its C
+parser when ``gunicorn-h1c`` (a dependency) is installed (its default ``http_parser = auto``).
 
 These ``PRORL_GATEWAY_*`` variables are the one group read outside ``prorl_celery.settings``, and
 on purpose: gunicorn's master imports this file before the gevent worker monkey-patches, and any

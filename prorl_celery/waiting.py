@@ -26,12 +26,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import redis
 
 from . import keys
-from .connection import BLOCK_CHUNK_S, StreamEntry, XReadReply
+from .connection import BLOCK_CHUNK_S, StreamEntry
 from .status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,9 @@ class _Member:
 class CompletionWaiter:
     def __init__(self, client: redis.Redis, sweep_s: float = 5.0) -> None:
         self.redis = client
+        #: the listener's client, on the same pool: XREAD's reply as Redis sends it (_read_ended)
+        self._raw = redis.Redis(connection_pool=client.connection_pool)
+        self._raw.response_callbacks.pop("XREAD", None)
         self.sweep_s = sweep_s
         self._events: dict[str, list[_Wakeable]] = {}
         #: status named by the stream for a job being waited on (spares the waiter a re-read)
@@ -206,15 +209,12 @@ class CompletionWaiter:
         newest = cast(list[StreamEntry], self.redis.xrevrange(keys.JOBS_ENDED, count=1))
         return newest[0][0] if newest else "0-0"
 
-    def _wake(self, job_ids: list[str], statuses: list[str] | None = None) -> None:
+    def _wake(self, job_ids: list[str]) -> None:
+        """Wake the waiters of ``job_ids`` (the sweep's: they re-read the status)."""
         events: list[_Wakeable] = []
         with self._lock:
-            for index, job_id in enumerate(job_ids):
-                waiting = self._events.get(job_id)
-                if waiting:
-                    events += waiting
-                    if statuses is not None:
-                        self._ended[job_id] = statuses[index]
+            for job_id in job_ids:
+                events += self._events.get(job_id, ())
         for event in events:
             event.set()
 
@@ -222,13 +222,7 @@ class CompletionWaiter:
         """One read of the stream (and the sweep when due); a lost Redis backs off."""
         try:
             block_ms = int(max(0.05, min(BLOCK_CHUNK_S, state.next_sweep - time.monotonic())) * 1000)
-            reply = cast(XReadReply, self.redis.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000,
-                                                      block=block_ms))
-            if reply:
-                entries = reply[0][1]
-                self._cursor = entries[-1][0]
-                self._wake([fields.get("job", "") for _, fields in entries],
-                           [fields.get("status", "") for _, fields in entries])
+            self._read_ended(block_ms)
             if time.monotonic() >= state.next_sweep:
                 self._sweep()
                 state.next_sweep = time.monotonic() + self.sweep_s
@@ -244,6 +238,35 @@ class CompletionWaiter:
             self._stop.wait(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (state.outage - 1)))
             state.next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
 
+    def _read_ended(self, block_ms: int) -> None:
+        """One XREAD of the stream; wakes the waiters of the jobs it names.
+
+        Every gateway process reads every ending, though it waits on only its own share of them
+        (a 1,000-job burst over 2 workers: 1,000 entries read by each, 500 of them someone
+        else's). So the reply is taken as Redis sends it (``_raw``: no redis-py callback turning
+        each entry into a tuple and a dict) and an entry costs one dict look-up unless this
+        process waits on its job."""
+        reply: Any = self._raw.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000, block=block_ms)
+        if not reply:
+            return
+        # RESP3 answers a map {stream: entries}, RESP2 a list of [stream, entries]
+        entries: list[Any] = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        self._cursor = entries[-1][0]
+        events: list[_Wakeable] = []
+        with self._lock:
+            waited = self._events
+            for _, fields in entries:  # fields: [name, value, ...], as transition.lua XADDs them
+                if not fields:
+                    continue
+                job_id = fields[1] if fields[0] == "job" else _field(fields, "job")
+                waiting = waited.get(job_id)
+                if waiting:
+                    events += waiting
+                    self._ended[job_id] = fields[3] if len(fields) > 3 and fields[2] == "status" \
+                        else _field(fields, "status")
+        for event in events:
+            event.set()
+
     def _sweep(self) -> None:
         with self._lock:
             job_ids = list(self._events)
@@ -251,6 +274,12 @@ class CompletionWaiter:
             return
         statuses = self.read_statuses(job_ids)
         self._wake([j for j, status in zip(job_ids, statuses) if status is None or status in TERMINAL])
+
+
+def _field(fields: list[str], name: str) -> str:
+    """``name``'s value in a flat [name, value, ...] list ("" when absent)."""
+    pairs = dict(zip(fields[::2], fields[1::2]))
+    return pairs.get(name, "")
 
 
 class _Listening:
