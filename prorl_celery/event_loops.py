@@ -79,6 +79,7 @@ class StageLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock = threading.Lock()
         self._on_release: Callable[[], None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # the stages running (touched on the loop only)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -144,7 +145,7 @@ class StageLoop:
         if coro is None:
             self._release()
             return False
-        asyncio.run_coroutine_threadsafe(self._holding_slot(coro), self.loop)
+        self._spawn([coro])
         return True
 
     def admit_many(self, count: int, start: Callable[[asyncio.AbstractEventLoop, int],
@@ -167,12 +168,31 @@ class StageLoop:
             for _ in range(taken):
                 self._release()
             raise
+        started = []
         for coro in coros:
             if coro is None:
                 self._release()
             else:
-                asyncio.run_coroutine_threadsafe(self._holding_slot(coro), self.loop)
+                started.append(coro)
+        if started:
+            self._spawn(started)
         return taken
+
+    def _spawn(self, coros: list[Coroutine[Any, Any, None]]) -> None:
+        """Start the admitted stages on the loop, all in one wake-up of it: a future and a
+        wake-up each (``run_coroutine_threadsafe``, whose future nobody reads) cost three
+        times the CPU per stage of a chunk's hundred (34 against 11 us)."""
+        loop = self.loop
+
+        def start() -> None:
+            for coro in coros:
+                task = loop.create_task(self._holding_slot(coro))
+                # the loop keeps only a weak reference to a task: a stage waiting on a future
+                # nothing else holds would be collected mid-flight
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+        loop.call_soon_threadsafe(start)
 
     async def _holding_slot(self, coro: Coroutine[Any, Any, None]) -> None:
         try:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+from aiohttp.helpers import ceil_timeout
 
 from ..errors import BackendError
 from ..sampling import SAMPLER_KEYS
@@ -213,6 +214,36 @@ _ADAPTERS: dict[str, Callable[..., LLMBackend]] = {"vllm": VLLMBackend, "sglang"
 _local = threading.local()
 
 
+class DirectConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, connecting to a server of one address straight through the loop.
+
+    aiohttp connects through ``aiohappyeyeballs`` (its own socket, ``sock_connect``, then
+    ``create_connection(sock=...)``), which races the addresses of a name that resolves to
+    several. An LLM server is mostly one address (a literal IP, or a name with one): then the
+    loop's own ``create_connection`` does the same connect in one step, at half the CPU
+    (47 against 95 us a connect on uvloop, and a connection per request: ``http_client``).
+    Several addresses, a local address, a socket factory or TLS take aiohttp's own path."""
+
+    async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        addr_infos: list[Any] = kwargs.get("addr_infos") or []
+        direct = (len(addr_infos) == 1 and not kwargs.get("ssl") and not getattr(self, "_local_addr_infos", None)
+                  and getattr(self, "_socket_factory", None) is None)
+        # an IPv6 address with flow info or a scope id: only the socket address carries them
+        if not direct or any(addr_infos[0][4][2:]):
+            return await super()._wrap_create_connection(*args, **kwargs)
+        family, _, proto, _, address = addr_infos[0]
+        timeout: aiohttp.ClientTimeout = kwargs["timeout"]
+        client_error = kwargs.get("client_error", aiohttp.ClientConnectorError)
+        try:
+            async with ceil_timeout(timeout.sock_connect, ceil_threshold=timeout.ceil_threshold):
+                return await self._loop.create_connection(args[0], str(address[0]), int(address[1]),
+                                                          family=family, proto=proto)
+        except OSError as error:
+            if error.errno is None and isinstance(error, asyncio.TimeoutError):
+                raise  # the connect timed out: aiohttp tells that apart from a refused connect
+            raise client_error(kwargs["req"].connection_key, error) from error
+
+
 def http_client(timeout_s: float) -> aiohttp.ClientSession:
     """One HTTP session per event loop (sessions are loop-bound), shared by every stage of the
     RUN worker's loop.
@@ -227,7 +258,7 @@ def http_client(timeout_s: float) -> aiohttp.ClientSession:
         # idle one only when its loop gets to the FIN, which on a loop busy with a thousand
         # stages came after the connection was reused (the request failed: "Can not write
         # request body"); a turn takes seconds, a loopback or LAN connect a fraction of a ms
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        connector = DirectConnector(limit=0, force_close=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         _local.client = (loop, aiohttp.ClientSession(connector=connector, timeout=timeout))
     return _local.client[1]
