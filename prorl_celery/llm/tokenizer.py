@@ -28,6 +28,9 @@ from typing import Any
 
 #: leading-message renderings a tokenizer keeps (``ChatTokenizer.message_ends``)
 PREFIX_CACHE_SIZE = 256
+#: characters of text pieces between added tokens whose ids a tokenizer keeps (``PieceEncoder``;
+#: a few MB with the ids); a piece longer than an eighth of it is never kept
+PIECE_CACHE_CHARS = 1_000_000
 _PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}]
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 #: names a message's reasoning is passed under; templates read the first (as transformers does)
@@ -135,6 +138,7 @@ class ChatTokenizer:
         self._prefix_cache: OrderedDict[str, list[int]] = OrderedDict()
         # a template that reads the clock renders a prefix differently from one day to the next
         self._prefix_cacheable = "strftime_now" not in (tokenizer.chat_template or "")
+        self._pieces = PieceEncoder.of(tokenizer)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
@@ -146,6 +150,8 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of text that already carries its special tokens (rendered by the template)."""
         with self._lock:
+            if self._pieces is not None:
+                return self._pieces.encode(text)
             return self.hf.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -210,6 +216,73 @@ class ChatTokenizer:
         if key not in self._probe_cache:
             self._probe_cache[key] = self.render(_PROBE, tools).count(self.eot_token)
         return self._probe_cache[key]
+
+
+class PieceEncoder:
+    """``encode(text, add_special_tokens=False)``, text piece by text piece between added tokens,
+    each piece's ids cached.
+
+    A rendered prompt repeats most of its text from job to job (the system prompt, the
+    template's role headers), and encoding is most of preparing a prompt: the pre-tokenizer's
+    Unicode regex costs about 2 us a token. ``tokenizers`` itself splits a text at its added
+    tokens before anything else, then normalizes, pre-tokenizes and encodes each piece between
+    them on its own, so the ids of a text are the ids of its pieces and added tokens in order,
+    whatever the other pieces are. That holds as long as nothing looks across a piece: an added
+    token that strips the whitespace beside it (``lstrip``/``rstrip``), matches only as a whole
+    word or only after normalization, or a ``Metaspace`` pre-tokenizer (its ``prepend_scheme``
+    ``first`` marks only the text's first piece). ``of`` returns None for such a tokenizer,
+    which then encodes whole texts as before. Not thread-safe: ``ChatTokenizer`` holds its lock."""
+
+    def __init__(self, backend: Any, added: dict[str, int], budget: int = PIECE_CACHE_CHARS) -> None:
+        import re
+
+        self._backend = backend
+        self._added = added
+        # longest first: at one position the regex takes the first alternative that matches, as
+        # tokenizers' leftmost-longest matcher takes the longest added token there
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._budget = budget
+        self._chars = 0  # of the pieces cached
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> PieceEncoder | None:
+        """For ``HFTokenizer`` or a transformers fast tokenizer whose ``tokenizers`` backend
+        splits at added tokens only (see the class), else None."""
+        backend = getattr(tokenizer, "_tokenizer", None) or getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
+            return None
+        added = {}
+        for token_id, token in backend.get_added_tokens_decoder().items():
+            if token.lstrip or token.rstrip or token.single_word or token.normalized:
+                return None
+            added[token.content] = token_id
+        pre_tokenizer = backend.pre_tokenizer
+        if not added or (pre_tokenizer is not None and b"Metaspace" in pre_tokenizer.__getstate__()):
+            return None
+        return cls(backend, added)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for index, piece in enumerate(self._split.split(text)):
+            if index % 2:  # an added token
+                ids.append(self._added[piece])
+            elif piece:
+                ids += self._piece(piece)
+        return ids
+
+    def _piece(self, piece: str) -> list[int]:
+        cached = self._cache.get(piece)
+        if cached is not None:
+            self._cache.move_to_end(piece)
+            return cached
+        ids = self._backend.encode(piece, add_special_tokens=False).ids
+        if len(piece) <= self._budget // 8:
+            self._cache[piece] = ids
+            self._chars += len(piece)
+            while self._chars > self._budget:
+                self._chars -= len(self._cache.popitem(last=False)[0])
+        return ids
 
 
 def _nth_end(text: str, token: str, n: int) -> int:
