@@ -58,6 +58,14 @@ def _command(buffer: bytes, start: int) -> tuple[bytes, int] | None:
     return name, position
 
 
+def _recv(sock: socket.socket) -> bytes:
+    """What the socket has, or b"" once it is closed (by the peer or by the proxy's cut)."""
+    try:
+        return sock.recv(65536)
+    except OSError:
+        return b""
+
+
 class CuttingProxy:
     """A loopback TCP proxy to ``upstream_port`` that cuts one connection after its
     ``after``-th ``command`` (see the module docstring); every other connection passes."""
@@ -94,10 +102,7 @@ class CuttingProxy:
     def _requests(self, client: socket.socket, upstream: socket.socket, index: int, muted: threading.Event) -> None:
         buffer = b""
         while True:
-            try:
-                data = client.recv(65536)
-            except OSError:
-                data = b""
+            data = _recv(client)
             if not data:
                 self._close(client, upstream)
                 return
@@ -124,10 +129,7 @@ class CuttingProxy:
     @staticmethod
     def _replies(upstream: socket.socket, client: socket.socket, muted: threading.Event) -> None:
         while True:
-            try:
-                data = upstream.recv(65536)
-            except OSError:
-                data = b""
+            data = _recv(upstream)
             if not data:
                 return
             if not muted.is_set():
