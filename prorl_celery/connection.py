@@ -19,8 +19,6 @@ BLOCK_CHUNK_S = 5.0
 # reply once, where it reads it, to the shape it really has:
 #: one stream entry, as XRANGE/XREVRANGE list them: (id, fields)
 StreamEntry = tuple[str, dict[str, str]]
-#: XREAD's reply: one (stream, entries) pair per stream that had entries
-XReadReply = list[tuple[str, list[StreamEntry]]]
 #: ZRANGE/ZRANGEBYSCORE with withscores=True: (member, score)
 ScoredMembers = list[tuple[str, float]]
 

@@ -18,6 +18,7 @@ checks rendering, encoding and decoding against ``transformers`` on the project'
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -234,8 +235,6 @@ class PieceEncoder:
     which then encodes whole texts as before. Not thread-safe: ``ChatTokenizer`` holds its lock."""
 
     def __init__(self, backend: Any, added: dict[str, int], budget: int = PIECE_CACHE_CHARS) -> None:
-        import re
-
         self._backend = backend
         self._added = added
         # longest first: at one position the regex takes the first alternative that matches, as
