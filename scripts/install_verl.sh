@@ -36,9 +36,10 @@ install_into_venv() {
   local constraints
   constraints="$(mktemp)"
   echo "torch==2.13.0" >"$constraints"
-  # cachetools: imported by verl.workers.rollout.router (which the agent loop imports) but not
-  # declared by verl 0.9.1
-  "$venv/bin/python" -m pip install -q -c "$constraints" "$want" cachetools
+  # cachetools, fastapi, uvicorn: imported by verl.workers.rollout (which the agent loop
+  # imports) but not declared by verl 0.9.1; on a machine whose system python already had them
+  # the venv saw those, on a fresh one the import failed
+  "$venv/bin/python" -m pip install -q -c "$constraints" "$want" cachetools fastapi uvicorn
   rm -f "$constraints"
 }
 
