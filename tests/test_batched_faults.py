@@ -1,10 +1,11 @@
 """The batched fault paths against a real redis-server, cut mid-batch by a TCP proxy.
 
-The proxy sits between a client and the server and reads the client's RESP commands: on the
-first connection that sends them it forwards only the first ``after`` commands named
-``command``, drops everything after them and every reply from then on, and closes the
-connection. Redis has applied exactly those commands and the client has none of their replies:
-a lost reply, between two commands the test chooses (no Redis restart, no race with the client).
+The proxy (``tests.support.cutting_proxy``, rule ``AfterCommand``) sits between a client and the
+server and reads the client's RESP commands: on the first connection that sends ``after``
+commands named ``command`` it forwards those, drops everything after them and every reply
+from then on, lets Redis finish what it got and closes the connection. Redis has applied
+exactly those commands and the client has none of their replies: a lost reply, between two
+commands the test chooses (no Redis restart, no race with the client).
 
 1. ``JobStore.transition_many``: a pipeline of claims loses its connection after Redis applied
    some of them; each job is found out through its transition token (``_landed``).
@@ -16,9 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
-import threading
-import time
 from collections import Counter
 
 import pytest
@@ -26,126 +24,13 @@ import redis
 
 from prorl_celery.celery_app import Message, create_celery, publish
 from prorl_celery.connection import get_redis
-from prorl_celery.local import free_port
 from prorl_celery.settings import Settings
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
+from tests.support.cutting_proxy import AfterCommand, CuttingProxy
 from tests.support.services import own_redis_fixture
 
 own_redis = own_redis_fixture("batched-faults")
-
-
-def _command(buffer: bytes, start: int) -> tuple[bytes, int] | None:
-    """The name of the RESP request at ``start`` (upper case) and where it ends; None if the
-    buffer does not hold all of it yet."""
-    line_end = buffer.find(b"\r\n", start)
-    if line_end < 0:
-        return None
-    if buffer[start:start + 1] != b"*":
-        raise AssertionError(f"not a RESP request: {buffer[start:start + 40]!r}")
-    position, name = line_end + 2, b""
-    for i in range(int(buffer[start + 1:line_end])):
-        header_end = buffer.find(b"\r\n", position)
-        if header_end < 0:
-            return None
-        length = int(buffer[position + 1:header_end])
-        data_end = header_end + 2 + length
-        if len(buffer) < data_end + 2:
-            return None
-        if i == 0:
-            name = buffer[header_end + 2:data_end].upper()
-        position = data_end + 2
-    return name, position
-
-
-def _recv(sock: socket.socket) -> bytes:
-    """What the socket has, or b"" once it is closed (by the peer or by the proxy's cut)."""
-    try:
-        return sock.recv(65536)
-    except OSError:
-        return b""
-
-
-class CuttingProxy:
-    """A loopback TCP proxy to ``upstream_port`` that cuts one connection after its
-    ``after``-th ``command`` (see the module docstring); every other connection passes."""
-
-    def __init__(self, upstream_port: int, command: bytes, after: int) -> None:
-        self.upstream_port, self.command, self.after = upstream_port, command, after
-        self.cuts = 0
-        #: ``command``s forwarded, per connection, in the order the connections were opened
-        self.forwarded: list[int] = []
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", free_port()))
-        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            with self._lock:
-                index = len(self.forwarded)
-                self.forwarded.append(0)
-            muted = threading.Event()
-            threading.Thread(target=self._requests, args=(client, upstream, index, muted), daemon=True).start()
-            threading.Thread(target=self._replies, args=(upstream, client, muted), daemon=True).start()
-
-    def _requests(self, client: socket.socket, upstream: socket.socket, index: int, muted: threading.Event) -> None:
-        buffer = b""
-        while True:
-            data = _recv(client)
-            if not data:
-                self._close(client, upstream)
-                return
-            buffer += data
-            end = 0
-            while (parsed := _command(buffer, end)) is not None:
-                name, end = parsed
-                if name != self.command:
-                    continue
-                with self._lock:
-                    self.forwarded[index] += 1
-                    cut = self.cuts == 0 and self.forwarded[index] == self.after
-                    if cut:
-                        self.cuts += 1
-                if cut:
-                    muted.set()  # before forwarding: no reply of this batch reaches the client
-                    upstream.sendall(buffer[:end])
-                    time.sleep(0.3)  # Redis applies what it got; the rest never arrives
-                    self._close(client, upstream)
-                    return
-            upstream.sendall(buffer[:end])
-            buffer = buffer[end:]
-
-    @staticmethod
-    def _replies(upstream: socket.socket, client: socket.socket, muted: threading.Event) -> None:
-        while True:
-            data = _recv(upstream)
-            if not data:
-                return
-            if not muted.is_set():
-                try:
-                    client.sendall(data)
-                except OSError:
-                    return
-
-    @staticmethod
-    def _close(*sockets: socket.socket) -> None:
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
 
 
 @pytest.fixture
@@ -173,15 +58,13 @@ def test_transition_many_finds_out_per_job_which_moves_landed_after_a_lost_reply
     ``pending_init``). Fails if a lost reply raised, was resent whole, or was taken as lost."""
     _, port, client = server
     job_ids = new_jobs(JobStore(client, result_ttl_s=60), 12)
-    proxy = CuttingProxy(port, b"EVALSHA", after=5)
-    try:
-        store = JobStore(get_redis(proxy.url), result_ttl_s=60)  # the project's client: no redis-py retries
+    cut = AfterCommand(b"EVALSHA", after=5)
+    with CuttingProxy(port, cut) as proxy:
+        store = JobStore(get_redis(proxy.url("redis")), result_ttl_s=60)  # the project's client: no redis-py retries
         client.config_resetstat()
         results = store.claim_stages(job_ids, Stage.INIT)
-    finally:
-        proxy.close()
     assert proxy.cuts == 1
-    assert proxy.forwarded[0] == 5  # the first connection carried the batch, cut at its 5th claim
+    assert cut.forwarded[0] == 5  # the first connection carried the batch, cut at its 5th claim
     assert [r.ok for r in results] == [True] * 12
     assert [r.previous for r in results] == [None] * 5 + [JobStatus.PENDING_INIT] * 7
     assert [r.record.status if r.record else None for r in results] == [JobStatus.INIT] * 12
@@ -205,13 +88,12 @@ def test_a_failed_batched_publish_falls_back_and_every_job_is_claimed_exactly_on
     store = JobStore(client, result_ttl_s=60)
     job_ids = new_jobs(store, 10)
     messages: list[Message] = [(Stage.INIT, None, job_id) for job_id in job_ids[:6]] + [(Stage.INIT, None, job_ids[6:])]
-    proxy = CuttingProxy(port, b"LPUSH", after=3)
-    app = create_celery(Settings(redis_url=url, broker_url=proxy.url + "/1"), set_as_current=False)
-    try:
-        publish(messages, celery=app)
-    finally:
-        app.close()
-        proxy.close()
+    with CuttingProxy(port, AfterCommand(b"LPUSH", after=3)) as proxy:
+        app = create_celery(Settings(redis_url=url, broker_url=proxy.url("redis") + "/1"), set_as_current=False)
+        try:
+            publish(messages, celery=app)
+        finally:
+            app.close()
     assert proxy.cuts == 1
     broker = redis.Redis.from_url(url + "/1")
     # oldest first, as a worker takes them (kombu LPUSHes and BRPOPs)

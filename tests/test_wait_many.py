@@ -13,6 +13,7 @@ import pytest
 
 from prorl_celery.client import JobRequest, RolloutClient
 from prorl_celery.local import wait_until
+from tests.support.cutting_proxy import AfterNdjsonLines, CuttingProxy
 from tests.support.services import start_gateway
 
 #: every result line is GET /jobs/<id>'s body of an ended job
@@ -137,56 +138,6 @@ def test_a_malformed_body_is_a_400_naming_the_field(gateway, body, field):
     assert gateway.get("/jobs/wait").status_code == 404  # still GET /jobs/<id> of a job named "wait"
 
 
-class CuttingProxy:
-    """A TCP proxy to the gateway that cuts the first NDJSON reply (``POST /jobs/wait``) once
-    ``cut_after`` result lines of it went through (a stream dropped mid-way); every other reply,
-    and every later stream, passes untouched."""
-
-    def __init__(self, target: str, cut_after: int) -> None:
-        host, port = target.removeprefix("http://").rsplit(":", 1)
-        self.target = (host, int(port))
-        self.cut_after = cut_after
-        self.cuts = 0
-        self.streams = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, reply: bool) -> None:
-        seen, streaming = 0, False
-        try:
-            while data := source.recv(65536):
-                if reply and b"application/x-ndjson" in data:
-                    streaming, seen = True, 0
-                    self.streams += 1
-                sink.sendall(data)
-                seen += data.count(b'"job_id"')
-                if streaming and not self.cuts and seen >= self.cut_after:
-                    self.cuts += 1
-                    break
-        except OSError:
-            pass
-        for end in (source, sink):
-            try:
-                end.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            end.close()
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 @pytest.fixture(scope="module")
 def gthread_url(cluster, tmp_path_factory):
     """A second gunicorn on the cluster, of the thread-per-request worker class."""
@@ -206,22 +157,18 @@ def gunicorn_url(request, cluster):
 
 
 def test_the_client_streams_every_job_once_across_a_cut_connection(gunicorn_url):
-    proxy = CuttingProxy(gunicorn_url, cut_after=2)
-    try:
-        with RolloutClient(proxy.url) as client:
-            sleeps = [0.0, 0.0, 1.5, 0.5, 2.0, 1.0]
-            ids = client.submit_many([JobRequest(job(s, reward=s)) for s in sleeps])
-            time.sleep(0.3)  # the first two have ended: they are the stream's first lines
-            rewards = [r["reward"] for r in client.as_completed(ids + ids[:1])]
-            assert sorted(rewards) == sorted(sleeps) and len(rewards) == len(sleeps)  # each job once
-            assert rewards[2:] == [0.5, 1.0, 1.5, 2.0]  # in the order they ended
-            assert proxy.cuts == 1 and proxy.streams >= 2  # the cut stream was resumed
-            assert client.aio.retried >= 1
-            again = client.wait_all(list(reversed(ids)))
-            assert [r["job_id"] for r in again] == list(reversed(ids))
-    finally:
-        proxy.close()
-
+    cut = AfterNdjsonLines(2)  # the first stream drops after its second result line
+    with CuttingProxy(int(gunicorn_url.rsplit(":", 1)[1]), cut) as proxy, RolloutClient(proxy.url("http")) as client:
+        sleeps = [0.0, 0.0, 1.5, 0.5, 2.0, 1.0]
+        ids = client.submit_many([JobRequest(job(s, reward=s)) for s in sleeps])
+        time.sleep(0.3)  # the first two have ended: they are the stream's first lines
+        rewards = [r["reward"] for r in client.as_completed(ids + ids[:1])]
+        assert sorted(rewards) == sorted(sleeps) and len(rewards) == len(sleeps)  # each job once
+        assert rewards[2:] == [0.5, 1.0, 1.5, 2.0]  # in the order they ended
+        assert proxy.cuts == 1 and cut.streams >= 2  # the cut stream was resumed
+        assert client.aio.retried >= 1
+        again = client.wait_all(list(reversed(ids)))
+        assert [r["job_id"] for r in again] == list(reversed(ids))
 
 
 def test_the_client_chunks_by_the_gateway_cap():
