@@ -6,6 +6,7 @@ it exercises the pipeline's error, timeout and cancellation paths without an LLM
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from handlers import AgentHandler, EvalResult, JobContext, SandboxRequest
@@ -32,8 +33,14 @@ class FaultHandler(AgentHandler):
         return {"initialised": True}
 
     async def run(self, job: JobContext, llm) -> dict[str, Any]:
+        started = time.monotonic()
         await self._act(job, "run")
-        return {"ran": True, "artifacts": {"note": "ran"}}
+        result: dict[str, Any] = {"ran": True, "artifacts": {"note": "ran"}}
+        if job.instance.get("report_run_times"):
+            # when the handler ran, in the worker's monotonic clock (one RUN worker: one clock),
+            # kept in the job's record for a test that cannot watch a short stage go by
+            result["run_times"] = [started, time.monotonic()]
+        return result
 
     async def eval(self, job: JobContext) -> EvalResult:
         await self._act(job, "eval")
