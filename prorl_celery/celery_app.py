@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,8 +20,11 @@ from kombu.utils.uuid import uuid
 from .connection import broker_ssl_options
 from .settings import Settings, get_settings
 from .status import Stage
+from .store import SENT_HEADER, UNCLAIMED_STAGES
 
 STAGE_QUEUES = tuple(stage.value for stage in Stage)
+#: the queues workers consume without acks (see StageFetchGate and leases.republish_lost)
+UNACKED_QUEUES = frozenset(stage.value for stage in UNCLAIMED_STAGES)
 
 
 def node_queue(stage: Stage, node: str) -> str:
@@ -30,16 +33,22 @@ def node_queue(stage: Stage, node: str) -> str:
 
 
 class _QoS(kombu_redis.QoS):
-    """kombu's Redis ack emulation, its two bookkeeping writes per delivered message (``ZADD
-    unacked_index`` + ``HSET unacked``) and per ack (``HDEL`` + ``ZREM``) each sent as one
-    pipeline without MULTI/EXEC: twelve of a job's Redis commands (``python -m bench.overhead``).
+    """kombu's Redis ack emulation (for the queues consumed with acks: RUN's), its two
+    bookkeeping writes per delivered message (``ZADD unacked_index`` + ``HSET unacked``) and per
+    ack (``HDEL`` + ``ZREM``) each sent as one pipeline without MULTI/EXEC (with MULTI/EXEC they
+    were twelve of a job's Redis commands, ``python -m bench.overhead``).
 
     Atomicity buys nothing here. The restore sweep only looks at index entries older than the
     visibility timeout and restores a message only if its hash entry is there (an entry without
     one it just drops), so an ack removes the hash entry first: cut off halfway, it leaves an
     index entry the sweep drops, never a message restored after its ack. A delivery cut off
     halfway is the same loss as one whose reply never arrived. A restore keeps kombu's own
-    WATCH/MULTI transaction."""
+    WATCH/MULTI transaction.
+
+    A delivery from a queue consumed without acks (``Queue(no_ack=True)``: INIT and EVAL) is
+    never appended (kombu's ``basic_consume``), and Celery still calls ``message.ack()`` on it
+    (kombu's no-ack check reads ``channel.no_ack_consumers``, which the virtual transport leaves
+    None): such a tag is not in ``_delivered``, and its ack or reject sends nothing."""
 
     def append(self, message, delivery_tag) -> None:
         delivery = message.delivery_info
@@ -50,10 +59,14 @@ class _QoS(kombu_redis.QoS):
         kombu_virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag) -> None:
+        if delivery_tag not in self._delivered:  # type: ignore[operator]  # consumed without acks (INIT/EVAL)
+            return
         self._forget(delivery_tag)
         kombu_virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag, requeue: bool = False) -> None:
+        if delivery_tag not in self._delivered:  # type: ignore[operator]  # no acks: gone for good
+            return
         if requeue:  # back to the queue: kombu's transaction
             super().reject(delivery_tag, requeue=True)
             return
@@ -133,6 +146,62 @@ class RunSlotGate(bootsteps.StartStopStep):
             loop.on_release(partial(hub.call_soon, _next_turn))
 
 
+class StageFetchGate(bootsteps.StartStopStep):
+    """A worker consuming a queue without acks (INIT, EVAL: ``UNACKED_QUEUES``) fetches a
+    message only while a pool thread is free for it.
+
+    kombu's prefetch limit counts the deliveries awaiting an ack, and these have none: without
+    this gate the worker would BRPOP its whole queue into its buffer, where another worker
+    cannot reach it and where it is lost if the worker dies. ``state.reserved_requests`` holds the
+    fetched and unfinished requests (a chunk of ``PRORL_STAGE_BATCH`` jobs is one request: it
+    runs on one thread), so the gate is open while they are fewer than the pool's threads: at
+    most one message per free thread leaves the queue, and it starts at once. It wraps the
+    channel's ``can_consume`` as ``worker_disable_prefetch`` does, and beside ``RunSlotGate``
+    in a mixed worker (``-Q init,run``), where a fetch needs both a free thread and, for the RUN
+    stages that may come, a free slot: BRPOP takes from whichever queue has a message.
+
+    A shut gate sends no BRPOP and the hub sleeps until its next timer, about a second
+    (why ``worker_disable_prefetch`` cost INIT/EVAL 40 % of their throughput): so the end of
+    every task wakes the hub (``call_soon``, thread-safe) once the request has left
+    ``reserved``, and the freed thread fetches its next message at once."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, parent) -> None:
+        queues = parent.app.amqp.queues
+        if parent.task_consumer is None or not any(
+                getattr(queues.get(name), "no_ack", False) for name in queues.consume_from):
+            return
+        from celery.worker import state
+
+        def threads() -> int:  # Celery's own limit for worker_disable_prefetch (autoscaler first)
+            return getattr(parent.controller, "max_concurrency", None) or parent.pool.num_processes
+
+        qos = parent.task_consumer.channel.qos
+        fetch_allowed = qos.can_consume
+        qos.can_consume = lambda: len(state.reserved_requests) < threads() and fetch_allowed()
+        hub, pool = parent.hub, parent.pool
+        if hub is not None and pool is not None:
+            pool.on_apply = _waking_on_completion(pool.on_apply, partial(hub.call_soon, _next_turn))
+
+
+def _waking_on_completion(on_apply: Callable[..., Any], wake: Callable[[], object]) -> Callable[..., Any]:
+    """``pool.on_apply`` whose tasks call ``wake`` after their completion callback (the request's
+    ``on_success``/``on_failure``, which take it out of ``state.reserved_requests``)."""
+    def apply(target: Any, args: Any = None, kwargs: Any = None, callback: Callable[..., Any] | None = None,
+              **options: Any) -> Any:
+        if callback is not None:
+            done = callback
+
+            def callback(*result: Any, **more: Any) -> None:
+                try:
+                    done(*result, **more)
+                finally:
+                    wake()
+        return on_apply(target, args, kwargs, callback=callback, **options)
+    return apply
+
+
 def _jobs_in(requests) -> int:
     """The jobs that fetched stage messages carry (a chunk's ids, or one)."""
     return sum(len(r.args[0]) if r.args and isinstance(r.args[0], list) else 1 for r in requests)
@@ -151,6 +220,7 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
     app = Celery("prorl_celery", broker=settings.effective_broker_url,
                  include=["prorl_celery.tasks", "prorl_celery.workers"], set_as_current=set_as_current)
     app.steps["consumer"].add(RunSlotGate)
+    app.steps["consumer"].add(StageFetchGate)
     transport = {
         # stages are acked when they start, so only fetched-but-not-started messages are unacked:
         # a killed worker's prefetched stages come back after this, and a copy still waiting in
@@ -167,7 +237,11 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
         "health_check_interval": 30,
     }
     app.conf.update(
-        task_queues=[Queue(name) for name in STAGE_QUEUES],
+        # INIT and EVAL without acks: their stages are acked when they start anyway, and the ack
+        # emulation cost two Redis round trips per message; StageFetchGate keeps a worker from
+        # hoarding them, and the reaper publishes again a message lost between fetch and claim
+        # (leases.republish_lost). RUN keeps its acks (acked once admitted: run_stage).
+        task_queues=[Queue(name, no_ack=name in UNACKED_QUEUES) for name in STAGE_QUEUES],
         task_default_queue=Stage.INIT.value,
         task_routes={f"prorl.{name}": {"queue": name} for name in STAGE_QUEUES},
         task_serializer="json",
@@ -239,12 +313,13 @@ def _send(sender: Celery, producer: Producer, stage: Stage, queue: str | None, p
     name, target = f"prorl.{stage.value}", queue or stage.value
     if sender.conf.task_send_sent_event:
         sender.send_task(name, args=[payload], queue=target, producer=producer, declare=_declare(sender, target),
-                         **retry)
+                         headers={SENT_HEADER: time.time()}, **retry)
         return
     task_id = uuid()
     args = [payload]
     headers = {**_HEADERS, "task": name, "id": task_id, "root_id": task_id, "origin": _origin_name(),
-               "argsrepr": repr(args)[:sender.amqp.argsrepr_maxsize], "timelimit": [None, None], "stamps": {}}
+               "argsrepr": repr(args)[:sender.amqp.argsrepr_maxsize], "timelimit": [None, None], "stamps": {},
+               SENT_HEADER: time.time()}
     producer.publish(json.dumps((args, _NO_KWARGS, _EMBED)), routing_key=target, exchange="", headers=headers,
                      content_type="application/json", content_encoding="utf-8", delivery_mode=2,
                      declare=_declare(sender, target), correlation_id=task_id, reply_to="", **retry)

@@ -22,6 +22,11 @@ prorl:jobs:waiting_run             hash    queue -> the node it is local to, for
                                            shared run queue is not listed (no node to lose)
 prorl:jobs:waiting_run:<queue>     set     ids of the jobs in pending_run waiting in <queue>
                                            (run, run.<node>): a dead node's are the stranded ones
+prorl:jobs:unclaimed:<status>      zset    job id -> when (Redis time) it entered <status>, for
+                                           pending_init and pending_eval (their queues are
+                                           consumed without acks): written by create_job.lua and
+                                           transition.lua; the reaper publishes a job again whose
+                                           message was lost (leases.republish_lost)
 prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
                                            statuses count every job that ended there)
 prorl:stats:minute:<unix minute>   hash    jobs that ended in that minute: terminal status ->
@@ -59,6 +64,7 @@ ACTIVE_JOBS = PREFIX + "jobs:active"
 LEASES = PREFIX + "jobs:leases"
 WAITING_RUN_QUEUES = PREFIX + "jobs:waiting_run"
 WAITING_RUN = PREFIX + "jobs:waiting_run:"  # + the queue; also built in lua/ from this prefix
+UNCLAIMED = PREFIX + "jobs:unclaimed:"  # + the status (pending_init, pending_eval)
 JOBS_ENDED = PREFIX + "jobs:ended"
 JOBS_ENDED_MAXLEN = 100_000  # also written in lua/transition.lua
 STATUS_COUNTS = PREFIX + "stats:status"
@@ -83,6 +89,11 @@ def job(job_id: str) -> str:
 def waiting_run(queue: str) -> str:
     """Ids of the jobs in ``pending_run`` whose RUN message waits in ``queue``."""
     return f"{WAITING_RUN}{queue}"
+
+
+def unclaimed(status: str) -> str:
+    """Ids of the jobs in ``status`` (pending_init, pending_eval) by when they entered it."""
+    return f"{UNCLAIMED}{status}"
 
 
 def minute_stats(minute_start: int) -> str:
@@ -113,3 +124,15 @@ def worker(name: str) -> str:
 def broker_queue(name: str) -> str:
     """Kombu's Redis transport keeps a queue's messages in a list named after the queue."""
     return name
+
+
+#: kombu's Redis transport keeps a message of priority p in the list ``<queue><sep><p>`` (p > 0;
+#: its ``Channel.sep`` and ``PRIORITY_STEPS``, checked in tests/test_republish.py): it LPUSHes and
+#: BRPOPs from the right end, so a list's oldest message is its last
+BROKER_PRIORITY_SEP = "\x06\x16"
+BROKER_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def broker_queue_lists(name: str) -> list[str]:
+    """Every list of queue ``name``: the plain one (priority 0) and its priority lists."""
+    return [name if step == 0 else f"{name}{BROKER_PRIORITY_SEP}{step}" for step in BROKER_PRIORITY_STEPS]

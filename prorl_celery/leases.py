@@ -34,7 +34,7 @@ import redis
 from . import keys
 from .nodes import live_queues
 from .status import EXECUTING, WAITING_ON_NODE, JobStatus, Stage
-from .store import JobStore, index_spec, load_script, outcome
+from .store import SENT_HEADER, UNCLAIMED_STAGES, JobStore, index_spec, load_script, outcome
 
 log = logging.getLogger(__name__)
 #: most jobs a tick takes from each index: one tick stays bounded however many have expired
@@ -195,15 +195,25 @@ def backfill(store: JobStore, lease_s: float) -> int:
     for queue in sorted(queues):
         changed += reindex(store, store.redis.sscan_iter(keys.waiting_run(queue), count=BACKFILL_BATCH),
                            lease_s, queue=queue)
+    for stage in UNCLAIMED_STAGES:  # entries whose job left meanwhile without the script (or expired)
+        changed += reindex(store, (job_id for job_id, _ in store.redis.zscan_iter(
+            keys.unclaimed(stage.pending.value), count=BACKFILL_BATCH)), lease_s)
     return changed
 
 
 def index_drift(store: JobStore) -> tuple[int, int]:
     """(jobs in an executing status - lease entries, jobs in pending_run - waiting entries), read
     at one instant: (0, 0) when the indexes hold exactly the jobs the status counters count."""
-    counted_executing, indexed, counted_waiting, listed = _script(store, "index_drift")(
+    return index_drifts(store)[:2]
+
+
+def index_drifts(store: JobStore) -> tuple[int, int, int]:
+    """``index_drift`` and, third, jobs in pending_init or pending_eval - their index entries
+    (``keys.unclaimed``), all read at one instant."""
+    counted_executing, indexed, counted_waiting, listed, counted_unclaimed, unclaimed = _script(store, "index_drift")(
         keys=[keys.STATUS_COUNTS, keys.LEASES, keys.WAITING_RUN_QUEUES], args=[index_spec(store.lease_s)])
-    return int(counted_executing) - int(indexed), int(counted_waiting) - int(listed)
+    return (int(counted_executing) - int(indexed), int(counted_waiting) - int(listed),
+            int(counted_unclaimed) - int(unclaimed))
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -257,6 +267,86 @@ def reap_expired(store: JobStore, lease_s: float, retry: Callable[[str], None] |
     return reaped
 
 
+#: how much later than a job's entry into pending_<stage> its message may still have been sent:
+#: ``enqueue``'s publish retries (about 30 s, ``celery_app.PUBLISH_RETRY``) and the skew between
+#: the publisher's clock (a message's ``SENT_HEADER``) and Redis's (the entry's score)
+REPUBLISH_MARGIN_S = 60.0
+
+
+def oldest_sent(broker: redis.Redis, queue: str) -> float | None:
+    """When the oldest message still in ``queue`` was sent (its publisher's clock): None when the
+    queue is empty, -inf when a message does not say (an older version's: it may be as old as any
+    job). kombu LPUSHes and BRPOPs from the right end, so each list's oldest is its last."""
+    pipe = broker.pipeline(transaction=False)
+    for name in keys.broker_queue_lists(keys.broker_queue(queue)):
+        pipe.lindex(name, -1)
+    sent = []
+    for raw in pipe.execute():
+        if raw is None:
+            continue
+        try:
+            sent.append(float(json.loads(raw)["headers"][SENT_HEADER]))
+        except (ValueError, KeyError, TypeError):
+            return float("-inf")
+    return min(sent) if sent else None
+
+
+def lost_messages(store: JobStore, broker: redis.Redis, stage: Stage, after_s: float,
+                  margin_s: float = REPUBLISH_MARGIN_S, limit: int = REAP_BATCH) -> list[str]:
+    """Jobs in ``stage``'s pending status whose message is in nobody's hands: in it for longer
+    than ``after_s``, and entered more than ``margin_s`` before the oldest message still in the
+    stage's queue was sent (or the queue is empty). At most ``limit``. Each is taken as if it had
+    entered the status now (its entry re-scored), so it is not found again before ``after_s``.
+
+    Why no job that waits behind a backlog is taken: a job's message is pushed after the job
+    entered the status (the transition comes first) and at most ``margin_s`` later by the
+    publisher's clock (publish retries, clock skew); the queue is pushed to at one end and popped
+    at the other, so while the job's message is in it, its oldest was pushed no later than that
+    message, and sent no later than entry + ``margin_s``."""
+    status = stage.pending.value
+    index = keys.unclaimed(status)
+    now = store.server_time()
+    bound = now - after_s
+    oldest = oldest_sent(broker, stage.value)
+    if oldest is not None:
+        bound = min(bound, oldest - margin_s)
+    if bound == float("-inf"):
+        return []
+    job_ids = cast(list[str], store.redis.zrangebyscore(index, "-inf", f"({bound:.6f}", start=0, num=limit))
+    if not job_ids:
+        return []
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hget(keys.job(job_id), "status")
+    candidates: list[str] = []
+    stale: list[str] = []
+    for job_id, current in zip(job_ids, pipe.execute()):
+        (candidates if current == status else stale).append(job_id)
+    if stale:
+        reindex(store, stale, store.lease_s)
+    # XX: a job claimed meanwhile (its entry dropped) is not re-added, and not published again
+    for job_id in candidates:
+        pipe.zadd(index, {job_id: now}, xx=True, ch=True)
+    return [job_id for job_id, moved in zip(candidates, pipe.execute()) if moved]
+
+
+def republish_lost(store: JobStore, broker: redis.Redis, republish: Callable[[Stage, list[str]], None],
+                   after_s: float, margin_s: float = REPUBLISH_MARGIN_S) -> list[str]:
+    """Publish again (``republish(stage, job_ids)``) the INIT and EVAL messages found lost
+    (``lost_messages``); returns the jobs'. A copy of a message that was not lost after all is
+    a no-op through the stage claim."""
+    republished = []
+    for stage in UNCLAIMED_STAGES:
+        job_ids = lost_messages(store, broker, stage, after_s, margin_s)
+        if job_ids:
+            republish(stage, job_ids)
+            for job_id in job_ids:
+                log.warning("job %s: in %s for over %.0f s with no %s message queued for it; published again",
+                            job_id, stage.pending.value, after_s, stage.value)
+            republished += job_ids
+    return republished
+
+
 class Reaper:
     """Runs ``reap_expired`` every ``interval_s`` in one process of the cluster at a time, and
     ``every_tick`` (node-local duties) in every process.
@@ -268,13 +358,18 @@ class Reaper:
     def __init__(self, store: JobStore, owner: str, *, lease_s: float, interval_s: float,
                  retry: Callable[[str], None] | None = None,
                  on_reaped: Callable[[list[str]], None] = lambda job_ids: None,
-                 every_tick: Callable[[], object] = lambda: None, heartbeat_s: float | None = None) -> None:
+                 every_tick: Callable[[], object] = lambda: None, heartbeat_s: float | None = None,
+                 broker: redis.Redis | None = None, republish: Callable[[Stage, list[str]], None] | None = None,
+                 republish_after_s: float = 90.0, republish_margin_s: float = REPUBLISH_MARGIN_S,
+                 on_republished: Callable[[list[str]], None] = lambda job_ids: None) -> None:
         self.store, self.owner, self.retry, self.heartbeat_s = store, owner, retry, heartbeat_s
         self.on_reaped, self.every_tick = on_reaped, every_tick
         self.lease_s, self.interval_s = lease_s, interval_s
+        self.broker, self.republish, self.on_republished = broker, republish, on_republished
+        self.republish_after_s, self.republish_margin_s = republish_after_s, republish_margin_s
         self._stop = threading.Event()
         self._backfilled_at: float | None = None  # monotonic; None: not since taking the lock
-        self._accepted_drift = (0, 0)
+        self._accepted_drift = (0, 0, 0)
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="prorl-reaper", daemon=True).start()
@@ -298,19 +393,25 @@ class Reaper:
         reaped = reap_expired(self.store, self.lease_s, self.retry, self.heartbeat_s)
         if reaped:
             self.on_reaped(reaped)
+        if self.broker is not None and self.republish is not None:
+            republished = republish_lost(self.store, self.broker, self.republish, self.republish_after_s,
+                                         self.republish_margin_s)
+            if republished:
+                self.on_republished(republished)
         return reaped
 
     def _mend_indexes(self) -> None:
         if self._backfilled_at is not None:
-            drift = index_drift(self.store)
-            if drift in {(0, 0), self._accepted_drift} or \
+            drift = index_drifts(self.store)
+            if drift in {(0, 0, 0), self._accepted_drift} or \
                     time.monotonic() - self._backfilled_at < BACKFILL_MIN_INTERVAL_S:
                 return
-            log.warning("reaper: indexes off the status counters by %s (executing, pending_run); backfilling", drift)
+            log.warning("reaper: indexes off the status counters by %s (executing, pending_run, "
+                        "pending_init + pending_eval); backfilling", drift)
         started = time.monotonic()
         changed = backfill(self.store, self.lease_s)
         self._backfilled_at = time.monotonic()
-        self._accepted_drift = index_drift(self.store)
+        self._accepted_drift = index_drifts(self.store)
         if changed:
             log.warning("reaper: backfill indexed or dropped %d entries in %.2f s", changed,
                         self._backfilled_at - started)

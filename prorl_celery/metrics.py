@@ -26,6 +26,7 @@ COUNTERS = {
     "tokens_observed": "observation tokens appended to trajectories",
     "llm_requests": "generation requests sent to LLM backends",
     "lease_expiries": "stages ended because their worker was lost",
+    "republished_messages": "INIT/EVAL messages published again because theirs was lost before its claim",
 }
 
 

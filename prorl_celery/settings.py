@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="a stage whose worker is silent this long is failed")
     reaper_interval_s: float = Field(5.0, gt=0, description="how often the lease reaper looks")
     heartbeat_s: float = Field(5.0, gt=0, description="worker heartbeat period; silent for 6 of them = dead")
+    republish_after_s: float = Field(
+        90.0, gt=0, description="a job in pending_init or pending_eval this long whose message is not in its "
+        "queue (its worker died between fetch and claim, or its publisher before publishing) is published "
+        "again by the reaper; above enqueue's 30 s of publish retries")
 
     run_slots: int | None = Field(
         None, ge=1, description="RUN stages one RUN worker process runs at once on its shared event loop; "

@@ -105,12 +105,23 @@ def load_script(client: redis.Redis, name: str):
     return client.register_script(source)
 
 
+#: the stages whose queues workers consume without acks (``celery_app``): a message that leaves
+#: the queue and is never claimed is found through the index of the jobs waiting for them
+#: (``keys.unclaimed``) and published again (``leases.republish_lost``)
+UNCLAIMED_STAGES: tuple[Stage, ...] = (Stage.INIT, Stage.EVAL)
+#: the header a stage message carries the time it was sent in (its publisher's clock, unix
+#: seconds; ``celery_app._send``): the reaper tells a lost message from one behind a backlog by it
+SENT_HEADER = "prorl_sent_at"
+
+
 def index_spec(lease_s: float) -> str:
     """The reaper's indexes as the scripts receive them (one ARGV, JSON): which statuses hold a
-    lease and for how long a claim takes it, and where jobs waiting for RUN are listed."""
+    lease and for how long a claim takes it, where jobs waiting for RUN are listed, and the
+    index of each status waiting for a stage consumed without acks."""
     return json.dumps({"executing": sorted(s.value for s in EXECUTING), "lease_s": lease_s,
                        "waiting": WAITING_ON_NODE.value, "shared_queue": Stage.RUN.value,
-                       "waiting_prefix": keys.WAITING_RUN})
+                       "waiting_prefix": keys.WAITING_RUN,
+                       "unclaimed": {s.pending.value: keys.unclaimed(s.pending.value) for s in UNCLAIMED_STAGES}})
 
 
 #: a claim's lease for a store built without one (the services pass settings.lease_s)
@@ -210,7 +221,7 @@ class JobStore:
     def create(self, job_id: str, fields: dict[str, Any]) -> tuple[bool, JobStatus]:
         """Create a job in ``pending_init``; returns (created, status). Idempotent per id."""
         created, status = self._create(
-            keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.RECENT_JOBS, keys.SERVICE_STATE, keys.ACTIVE_JOBS],
+            keys=self._create_keys(job_id),
             args=[job_id, RECENT_JOBS_KEPT, *_encode(fields)],
         )
         if created == -1:
@@ -223,12 +234,17 @@ class JobStore:
             return [self.create(*jobs[0])]
         pipe = self.redis.pipeline(transaction=False)
         for job_id, fields in jobs:
-            self._create(keys=[keys.job(job_id), keys.STATUS_COUNTS, keys.RECENT_JOBS, keys.SERVICE_STATE,
-                               keys.ACTIVE_JOBS], args=[job_id, RECENT_JOBS_KEPT, *_encode(fields)], client=pipe)
+            self._create(keys=self._create_keys(job_id), args=[job_id, RECENT_JOBS_KEPT, *_encode(fields)],
+                         client=pipe)
         replies = pipe.execute()
         if any(created == -1 for created, _ in replies):
             raise ServiceStopped("the service is stopped; POST /start to accept jobs again")
         return [(bool(created), JobStatus(status)) for created, status in replies]
+
+    @staticmethod
+    def _create_keys(job_id: str) -> list[str]:
+        return [keys.job(job_id), keys.STATUS_COUNTS, keys.RECENT_JOBS, keys.SERVICE_STATE, keys.ACTIVE_JOBS,
+                keys.unclaimed(JobStatus.PENDING_INIT.value)]
 
     def load(self, job_id: str) -> JobRecord:
         raw = cast(dict[str, str], self.redis.hgetall(keys.job(job_id)))  # decode_responses

@@ -18,7 +18,8 @@ from redis.typing import EncodableT, FieldT
 from handlers import load_handlers, registry
 
 from . import keys
-from .celery_app import enqueue, node_queue
+from .celery_app import enqueue, enqueue_many, node_queue
+from .connection import get_redis
 from .event_loops import configure_stage_loop, stage_loop
 from .leases import Reaper, give_up
 from .nodes import STALE_BEATS
@@ -32,6 +33,11 @@ _worker_name: dict[str, str] = {}
 
 def _retry_from_init(job_id: str) -> None:
     enqueue(Stage.INIT, job_id)
+
+
+def _republish(stage: Stage, job_ids: list[str]) -> None:
+    """The stage messages the reaper found lost, published as the stage's own are (one per job)."""
+    enqueue_many(stage, job_ids)
 
 
 #: Celery's two INFO lines per task ("received", "succeeded in"), six per job: about a tenth of
@@ -86,7 +92,10 @@ def start_heartbeat(sender, **_: object) -> None:
            interval_s=services.settings.reaper_interval_s,
            retry=_retry_from_init,
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
-           every_tick=_reap_sandboxes, heartbeat_s=services.settings.heartbeat_s).start()
+           every_tick=_reap_sandboxes, heartbeat_s=services.settings.heartbeat_s,
+           broker=get_redis(services.settings.effective_broker_url), republish=_republish,
+           republish_after_s=services.settings.republish_after_s,
+           on_republished=lambda job_ids: services.metrics.count("republished_messages", len(job_ids))).start()
 
 
 @worker_shutting_down.connect

@@ -4,6 +4,8 @@
 -- KEYS[3] prorl:jobs:recent       job id -> creation time (zset)
 -- KEYS[4] prorl:service:state     "started" | "stopped" (string)
 -- KEYS[5] prorl:jobs:active       ids of jobs not yet ended (set)
+-- KEYS[6] prorl:jobs:unclaimed:pending_init  job id -> when it entered pending_init (zset; the
+--                                 reaper's index of jobs whose INIT message may be lost)
 -- ARGV[1] job id, ARGV[2] how many recent ids to keep (about: see the trim below), ARGV[3..] field, value pairs
 -- Returns {1, "pending_init"} when created, {0, <status>} when it existed, {-1, "stopped"}.
 local current = redis.call('HGET', KEYS[1], 'status')
@@ -22,4 +24,5 @@ redis.call('ZADD', KEYS[3], now, ARGV[1])
 -- and a job pays no trim of its own
 if tonumber(t[2]) % 64 == 0 then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[2]) + 1)) end
 redis.call('SADD', KEYS[5], ARGV[1])
+redis.call('ZADD', KEYS[6], now, ARGV[1])
 return {1, 'pending_init'}

@@ -5,7 +5,8 @@
 --                                 queue's ids, the shared queue's too, in
 --                                 <ARGV[1].waiting_prefix><queue> (set)
 -- ARGV[1] the indexes, JSON (as transition.lua's ARGV[11])
--- Returns {jobs executing, lease entries, jobs in the waiting status, waiting entries}.
+-- Returns {jobs executing, lease entries, jobs in the waiting status, waiting entries, jobs in
+-- the statuses of index.unclaimed, entries of their zsets}.
 -- O(queues): one per node, never one per job.
 local index = cjson.decode(ARGV[1])
 local executing = 0
@@ -21,4 +22,9 @@ for _, queue in ipairs(redis.call('HKEYS', KEYS[3])) do
     listed = listed + redis.call('SCARD', index.waiting_prefix .. queue)
   end
 end
-return {executing, redis.call('ZCARD', KEYS[2]), waiting, listed}
+local unclaimed, unclaimed_listed = 0, 0
+for status, zset in pairs(index.unclaimed or {}) do
+  unclaimed = unclaimed + (tonumber(redis.call('HGET', KEYS[1], status)) or 0)
+  unclaimed_listed = unclaimed_listed + redis.call('ZCARD', zset)
+end
+return {executing, redis.call('ZCARD', KEYS[2]), waiting, listed, unclaimed, unclaimed_listed}

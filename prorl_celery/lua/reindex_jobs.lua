@@ -11,6 +11,8 @@
 -- ARGV[3..n] the job ids, in the order of KEYS[3..n]
 -- A lease entry that exists keeps its deadline (claim and renewal wrote it); a missing one gets
 -- the deadline the record implies: max(status_at + lease_s, lease_until).
+-- A job in a status listed in index.unclaimed is put into that status's zset (scored by its
+-- status_at) and taken out of the others.
 -- Returns the number of entries added and removed.
 local index = cjson.decode(ARGV[1])
 local executing = {}
@@ -33,6 +35,15 @@ for i = 3, #KEYS do
     changed = changed + redis.call('SADD', index.waiting_prefix .. queue, id)
     -- as transition.lua: only a node's queue is listed (the shared one has no node to lose)
     if queue ~= index.shared_queue then redis.call('HSET', KEYS[2], queue, node) end
+  end
+  -- the index of jobs waiting for a stage consumed without acks: a missing entry is scored by
+  -- status_at (when the job entered the status), an existing one keeps its score
+  for name, zset in pairs(index.unclaimed or {}) do
+    if status == name then
+      changed = changed + redis.call('ZADD', zset, 'NX', job[2] or '0', id)
+    else
+      changed = changed + redis.call('ZREM', zset, id)
+    end
   end
   if ARGV[2] ~= '' and ARGV[2] ~= queue then
     local waiting = index.waiting_prefix .. ARGV[2]

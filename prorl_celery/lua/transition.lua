@@ -19,7 +19,8 @@
 -- ARGV[9] key prefix of the per-minute ended-job counters (prorl:stats:minute:), "" for none
 -- ARGV[10] TTL in seconds of those counters
 -- ARGV[11] the indexes, JSON: {executing: [statuses], lease_s, waiting: "pending_run",
---          shared_queue: "run", waiting_prefix} (from prorl_celery.status and keys)
+--          shared_queue: "run", waiting_prefix, unclaimed: {status: zset}} (from
+--          prorl_celery.store.index_spec)
 -- ARGV[12..] field, value pairs to set on the job record
 -- Returns {1, previous status, budget left in s, redis time[, record as HGETALL]} on success
 --         ({1, current status} for a guarded write of fields only),
@@ -106,6 +107,11 @@ if executing[ARGV[2]] then
 elseif executing[current] then
   redis.call('ZREM', KEYS[5], ARGV[1])
 end
+-- A job waiting for a stage whose queue is consumed without acks (pending_init, pending_eval)
+-- is scored by when it entered that status: the reaper finds a job whose message was lost.
+local unclaimed = index.unclaimed or {}
+if unclaimed[current] then redis.call('ZREM', unclaimed[current], ARGV[1]) end
+if unclaimed[ARGV[2]] then redis.call('ZADD', unclaimed[ARGV[2]], stamp, ARGV[1]) end
 if left_queue then  -- a status never moves to itself, so the job left pending_run
   local queue = left_queue ~= '' and left_queue or index.shared_queue
   local waiting = index.waiting_prefix .. queue
