@@ -136,9 +136,9 @@ def app_gateway(cluster: LocalCluster, gateway_app):
 PROCESS_FIXTURES = frozenset({"redis_url", "cluster", "gateway", "llm_servers", "llm_server",
                               "scripted_llm_server", "random_llm_servers"})
 PROCESS_MODULES = frozenset({"test_faults", "test_handler_package", "test_multinode", "test_prefetch_recovery",
-                             "test_redis_auth", "test_runtime_contract", "test_runtime_unprivileged",
-                             "test_toolserver", "test_toolserver_lifecycle", "test_images_build",
-                             "test_swe_instances", "test_code_handler"})
+                             "test_unacked_stages", "test_redis_auth", "test_runtime_contract",
+                             "test_runtime_unprivileged", "test_toolserver", "test_toolserver_lifecycle",
+                             "test_images_build", "test_swe_instances", "test_code_handler"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,132 @@
+"""INIT and EVAL consumed without acks, with real workers, a real gateway and a real redis-server.
+
+1. The fetch gate (``celery_app.StageFetchGate``): an INIT worker with one thread, busy, leaves
+   the other messages in the queue for a second worker (no hoarding: kombu's prefetch limit
+   counts acked deliveries only), writes nothing to kombu's ``unacked`` hash, and a thread that
+   frees fetches the next message at once (the hub is woken, not left to its timer).
+2. The safety net (``leases.republish_lost``): a message that leaves the queue and is never
+   claimed (popped here as a worker killed right after its BRPOP would) is published again by
+   the reaper after ``PRORL_REPUBLISH_AFTER_S`` and the job completes, for INIT and for EVAL;
+   jobs waiting behind a backlog are not published again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from prorl_celery import keys
+from prorl_celery.local import LocalCluster
+from prorl_celery.status import Stage
+from tests.support.services import ROOT, eventually
+
+REPUBLISH_AFTER_S = 2.0
+BASE_ENV = {"PRORL_HANDLERS": "fault=tests.support.handlers:FaultHandler",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_HEARTBEAT_S": "1"}
+
+
+def post(gateway: httpx.Client, **instance: object) -> str:
+    return gateway.post("/jobs", json={"task": "fault", "instance": instance}).json()["job_id"]
+
+
+def status_of(state: redis.Redis, job_id: str) -> str:
+    return state.hget(keys.job(job_id), "status") or ""
+
+
+@pytest.fixture(scope="module")
+def one_thread_init(tmp_path_factory) -> Iterator[tuple[LocalCluster, httpx.Client, redis.Redis, redis.Redis]]:
+    with LocalCluster(env=BASE_ENV, gateway_workers=1, log_dir=tmp_path_factory.mktemp("unacked-gate"),
+                      concurrency={Stage.INIT: 1, Stage.RUN: 2, Stage.EVAL: 2}) as cluster, \
+            httpx.Client(base_url=cluster.gateway_url, timeout=60) as gateway:
+        yield (cluster, gateway, redis.Redis.from_url(cluster.state_url, decode_responses=True),
+               redis.Redis.from_url(cluster.broker_url, decode_responses=True))
+
+
+def test_a_freed_thread_fetches_the_next_message_at_once(one_thread_init) -> None:
+    """Eight 0.3 s INIT stages through one thread take 2.4 s: with a shut gate left to the
+    hub's timer (about a second) each hand-over would add most of a second (7 s or more)."""
+    _, gateway, state, _ = one_thread_init
+    stage_s, count = 0.3, 8
+    jobs = [post(gateway, init_sleep_s=stage_s) for _ in range(count)]
+    eventually(lambda: status_of(state, jobs[0]) not in ("", "pending_init"), 30, "the first INIT claimed")
+    started = time.monotonic()
+    eventually(lambda: all(status_of(state, j) not in ("pending_init", "init") for j in jobs), 30,
+               "every INIT done")
+    took = time.monotonic() - started
+    assert took < (count - 1) * stage_s + 1.5, f"{count} INIT stages of {stage_s} s on one thread took {took:.2f} s"
+    eventually(lambda: all(status_of(state, j) == "completed" for j in jobs), 30, "all completed")
+
+
+def test_a_busy_worker_leaves_the_queue_to_another(one_thread_init) -> None:
+    cluster, gateway, state, broker = one_thread_init
+    slow = post(gateway, init_sleep_s=25)
+    eventually(lambda: status_of(state, slow) == "init", 30, "the slow job in INIT")
+    quick = [post(gateway) for _ in range(3)]
+    time.sleep(1.0)  # a hoarding worker would have fetched them by now
+    assert broker.llen(Stage.INIT.value) == 3
+    assert [status_of(state, j) for j in quick] == ["pending_init"] * 3
+    assert broker.hlen("unacked") == 0  # the INIT deliveries left no ack bookkeeping behind
+    cluster.start_worker(Stage.INIT, 1)
+    # the first worker's only thread is busy with the slow job: the second one runs them
+    eventually(lambda: all(status_of(state, j) == "completed" for j in quick), 60, "the quick jobs completed")
+    assert status_of(state, slow) == "init"
+    eventually(lambda: status_of(state, slow) == "completed", 60, "the slow job completed")
+    assert broker.hlen("unacked") == 0
+
+
+@pytest.fixture(scope="module")
+def no_init_worker(tmp_path_factory) -> Iterator[tuple[LocalCluster, httpx.Client, redis.Redis, redis.Redis]]:
+    env = {**BASE_ENV, "PRORL_REPUBLISH_AFTER_S": str(REPUBLISH_AFTER_S)}
+    with LocalCluster(env=env, gateway_workers=1, log_dir=tmp_path_factory.mktemp("unacked-republish"),
+                      concurrency={Stage.RUN: 1}) as cluster, \
+            httpx.Client(base_url=cluster.gateway_url, timeout=60) as gateway:
+        yield (cluster, gateway, redis.Redis.from_url(cluster.state_url, decode_responses=True),
+               redis.Redis.from_url(cluster.broker_url, decode_responses=True))
+
+
+def take_message(broker: redis.Redis, queue: str, job_id: str) -> None:
+    """Take the job's message off the queue, as a worker killed right after its BRPOP would."""
+    raw = broker.rpop(queue)
+    assert raw is not None and json.loads(raw)["headers"]["argsrepr"] == repr([job_id])
+
+
+def republished(state: redis.Redis) -> int:
+    return int(state.hget(keys.METRIC_COUNTERS, "republished_messages") or 0)
+
+
+def test_lost_messages_are_published_again_and_a_backlog_is_not(no_init_worker) -> None:
+    cluster, gateway, state, broker = no_init_worker
+    job = post(gateway)
+    take_message(broker, Stage.INIT.value, job)
+    lost_at = time.monotonic()
+    eventually(lambda: broker.llen(Stage.INIT.value) == 1, REPUBLISH_AFTER_S + 10, "the INIT message published again")
+    assert time.monotonic() - lost_at > REPUBLISH_AFTER_S - 1.0  # not before the bound
+    assert status_of(state, job) == "pending_init"
+
+    init_worker = cluster.start_worker(Stage.INIT, 1)
+    eventually(lambda: status_of(state, job) == "pending_eval", 60, "the job through INIT and RUN")
+    take_message(broker, Stage.EVAL.value, job)
+    eventually(lambda: broker.llen(Stage.EVAL.value) == 1, REPUBLISH_AFTER_S + 10, "the EVAL message published again")
+    cluster.start_worker(Stage.EVAL, 1)
+    eventually(lambda: status_of(state, job) == "completed", 60, "the job completed")
+    eventually(lambda: republished(state) == 2, 10, "both counted (metrics flush every 2 s)")
+    logs = "".join(p.log_path.read_text(errors="replace") for p in cluster.processes if p.name != "redis")
+    assert f"job {job}: in pending_init for over" in logs and f"job {job}: in pending_eval for over" in logs
+
+    # a backlog with no INIT worker: every job is past the bound, and none is published again
+    init_worker.stop()
+    cluster.processes.remove(init_worker)
+    backlog = [post(gateway) for _ in range(10)]
+    time.sleep(REPUBLISH_AFTER_S + 3)
+    assert broker.llen(Stage.INIT.value) == len(backlog)
+    assert all(status_of(state, j) == "pending_init" for j in backlog)
+    cluster.start_worker(Stage.INIT, 2)
+    eventually(lambda: all(status_of(state, j) == "completed" for j in backlog), 90, "the backlog completed")
+    time.sleep(2.5)  # a metrics flush
+    assert republished(state) == 2
