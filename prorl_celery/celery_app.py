@@ -222,9 +222,9 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
     app.steps["consumer"].add(RunSlotGate)
     app.steps["consumer"].add(StageFetchGate)
     transport = {
-        # stages are acked when they start, so only fetched-but-not-started messages are unacked:
-        # a killed worker's prefetched stages come back after this, and a copy still waiting in
-        # a live worker's buffer becomes a no-op through the stage claim
+        # RUN messages are acked once admitted, so only fetched-but-not-admitted ones are unacked
+        # (INIT and EVAL have no acks): a killed RUN worker's come back after this, and a copy
+        # still waiting in a live worker's buffer becomes a no-op through the stage claim
         "visibility_timeout": settings.visibility_timeout_s,
         # kombu sweeps for them every interval x throttle seconds (100 s by default): make it a
         # few seconds, so they return within about the visibility timeout
@@ -253,8 +253,8 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
         worker_prefetch_multiplier=1,  # a busy worker must not hoard long jobs
         # worker_disable_prefetch only on RUN workers (prorl_celery.workers): with the threads
         # pool a full worker then re-polls only once a second, which cost the pipeline 40 % of
-        # its throughput on short INIT/EVAL stages; the short visibility timeout above returns a
-        # killed INIT/EVAL worker's prefetched stages
+        # its throughput on short INIT/EVAL stages; INIT/EVAL workers have StageFetchGate, the
+        # same limit with the hub woken as each task ends
         worker_pool="threads",  # stages wait on I/O; each thread runs its own event loop
         worker_concurrency=16,
         worker_hijack_root_logger=False,

@@ -17,6 +17,29 @@ job is never in a status without its entry. Jobs written by a version without th
 indexed by ``backfill``, which the reaper runs when it takes the lock and whenever the indexes
 disagree with the status counters (``index_drift``, a few commands): an older worker still
 running in a rolling upgrade is caught too.
+
+Lost INIT and EVAL messages. Those queues are consumed without acks (``celery_app``: a worker
+fetches a message only for a free thread and claims it at once), so a message can leave its
+queue and never be claimed: its worker died between the BRPOP and the claim. A publisher that
+dies between handing a job over (``pending_init``, ``pending_eval``) and publishing leaves the
+same hole, acks or not. The claim is the only consumer-side record, so the reaper looks from the
+job side: ``keys.unclaimed(status)`` scores each job in those statuses by when it entered
+(Redis time; moved by ``create_job.lua`` and ``transition.lua``, mended by ``backfill``), and
+each stage message carries when it was sent (``store.SENT_HEADER``, its publisher's clock).
+A job in its status for longer than ``PRORL_REPUBLISH_AFTER_S`` is published again only if its
+stage's queue is empty or the queue's oldest message was sent more than ``REPUBLISH_MARGIN_S``
+after the job entered (``lost_messages``). Why that never takes a job whose message is queued:
+the transition comes before the publish, and the publish ends within enqueue's retries, so the
+message is pushed after the job entered and was sent (publisher's clock) at most the margin
+after; the queue is pushed at one end and popped at the other, so while that message is in it
+the oldest one was pushed no later and sent no later than entry + margin (one list per
+priority; each is checked). So a job behind a backlog is never published again, and a lost one
+is once the backlog ahead of it has drained. A job published again is re-scored as if it had
+entered then, so it is not taken again while its new message waits (no worker, say); and
+should a message come back that the rule took for lost (a publisher retrying longer than the
+margin, a clock further off than it), its copy is a no-op through the stage claim. A message
+without the header (an older version's) may be older than any job: nothing is published again
+while it is the oldest.
 """
 from __future__ import annotations
 

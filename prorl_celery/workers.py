@@ -68,9 +68,9 @@ def add_node_queue(sender: str, instance, **_: object) -> None:
         queues.select_add(name)
         log.info("RUN worker %s also consumes %s", sender, name)
         # RUN stages are long and uneven (whole conversations): a RUN worker whose threads are
-        # all busy must not hold a fetched message another worker could start now. INIT and
-        # EVAL keep prefetching: their stages are short, and without prefetch a full threads
-        # pool re-polls only once a second (bench/scale.py: 0.62x instead of 1.38x).
+        # all busy must not hold a fetched message another worker could start now (INIT and
+        # EVAL workers: celery_app.StageFetchGate, which wakes the hub as a task ends; Celery's
+        # setting alone re-polls a full threads pool only once a second).
         instance.app.conf.worker_disable_prefetch = True
         # every RUN stage of the process runs on one event loop; -c threads only admit them
         slots = get_services().settings.run_slots or instance.concurrency
