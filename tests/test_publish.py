@@ -22,6 +22,7 @@ from kombu import Connection, Consumer, Queue
 from prorl_celery.celery_app import create_celery, enqueue, publish
 from prorl_celery.settings import Settings
 from prorl_celery.status import Stage
+from prorl_celery.store import SENT_HEADER
 
 DB = 12
 #: what differs between any two messages: their ids, and the process that sent them
@@ -68,8 +69,10 @@ def test_publish_sends_the_message_send_task_builds(broker) -> None:
         # send_task leaves ignore_result to the task (None) and names its app as reply_to;
         # publish says it (the app ignores results anyway) and needs no reply
         expected = without_ids(reference)
+        # and it says when it was sent (the reaper's lost-message rule: leases.lost_messages)
+        assert abs(message["headers"][SENT_HEADER] - time.time()) < 60
         expected["headers"] = {**expected["headers"], "ignore_result": True,
-                               "argsrepr": repr(message["body"][0])}
+                               "argsrepr": repr(message["body"][0]), SENT_HEADER: message["headers"][SENT_HEADER]}
         expected["properties"] = {**expected["properties"], "reply_to": ""}
         expected["body"] = [message["body"][0], *reference["body"][1:]]
         assert without_ids(message) == expected
