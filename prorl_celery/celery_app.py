@@ -161,9 +161,10 @@ class StageFetchGate(bootsteps.StartStopStep):
     stages that may come, a free slot: BRPOP takes from whichever queue has a message.
 
     A shut gate sends no BRPOP and the hub sleeps until its next timer, about a second
-    (why ``worker_disable_prefetch`` cost INIT/EVAL 40 % of their throughput): so the end of
-    every task wakes the hub (``call_soon``, thread-safe) once the request has left
-    ``reserved``, and the freed thread fetches its next message at once."""
+    (why ``worker_disable_prefetch`` cost INIT/EVAL 40 % of their throughput): so the end of a
+    task wakes the hub (``call_soon``, thread-safe) once the request has left ``reserved``, when
+    the gate was found shut (``_ThreadGate``), and the freed thread fetches its next message at
+    once."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -178,16 +179,43 @@ class StageFetchGate(bootsteps.StartStopStep):
             return getattr(parent.controller, "max_concurrency", None) or parent.pool.num_processes
 
         qos = parent.task_consumer.channel.qos
-        fetch_allowed = qos.can_consume
-        qos.can_consume = lambda: len(state.reserved_requests) < threads() and fetch_allowed()
         hub, pool = parent.hub, parent.pool
+        gate = _ThreadGate(lambda: len(state.reserved_requests) < threads(), qos.can_consume,
+                           partial(hub.call_soon, _next_turn) if hub is not None else lambda: None)
+        qos.can_consume = gate.can_consume
         if hub is not None and pool is not None:
-            pool.on_apply = _waking_on_completion(pool.on_apply, partial(hub.call_soon, _next_turn))
+            pool.on_apply = _calling_after_completion(pool.on_apply, gate.task_done)
 
 
-def _waking_on_completion(on_apply: Callable[..., Any], wake: Callable[[], object]) -> Callable[..., Any]:
-    """``pool.on_apply`` whose tasks call ``wake`` after their completion callback (the request's
-    ``on_success``/``on_failure``, which take it out of ``state.reserved_requests``)."""
+class _ThreadGate:
+    """``can_consume`` while a thread is free, and the wake-up of a hub that found it shut.
+
+    A task's end wakes the hub only if the gate was last found shut, so a worker with threads
+    to spare pays no extra hub turn per task. No wake-up is lost: the hub marks itself
+    ``waiting`` before it reads ``reserved``, and a task checks the mark after its request left
+    ``reserved``; so either the hub read saw the free thread, or the task sees the mark."""
+
+    def __init__(self, thread_free: Callable[[], bool], fetch_allowed: Callable[[], bool],
+                 wake: Callable[[], object]) -> None:
+        self._thread_free, self._fetch_allowed, self._wake = thread_free, fetch_allowed, wake
+        self.waiting = False
+
+    def can_consume(self) -> bool:  # the hub's thread
+        self.waiting = True
+        if self._thread_free() and self._fetch_allowed():
+            self.waiting = False
+            return True
+        return False
+
+    def task_done(self) -> None:  # a pool thread, once its request left reserved
+        if self.waiting:
+            self.waiting = False
+            self._wake()
+
+
+def _calling_after_completion(on_apply: Callable[..., Any], after: Callable[[], object]) -> Callable[..., Any]:
+    """``pool.on_apply`` whose tasks call ``after`` once their completion callback (the request's
+    ``on_success``/``on_failure``, which take it out of ``state.reserved_requests``) returned."""
     def apply(target: Any, args: Any = None, kwargs: Any = None, callback: Callable[..., Any] | None = None,
               **options: Any) -> Any:
         if callback is not None:
@@ -197,7 +225,7 @@ def _waking_on_completion(on_apply: Callable[..., Any], wake: Callable[[], objec
                 try:
                     done(*result, **more)
                 finally:
-                    wake()
+                    after()
         return on_apply(target, args, kwargs, callback=callback, **options)
     return apply
 
