@@ -184,7 +184,10 @@ class StageFetchGate(bootsteps.StartStopStep):
                            partial(hub.call_soon, _next_turn) if hub is not None else lambda: None)
         qos.can_consume = gate.can_consume
         if hub is not None and pool is not None:
-            pool.on_apply = _calling_after_completion(pool.on_apply, gate.task_done)
+            # the pool outlives the consumer, which restarts (a new channel, a new gate) after a
+            # lost broker connection: wrap its own on_apply each time, never the last wrapper
+            original = pool.__dict__.setdefault("_prorl_on_apply", pool.on_apply)
+            pool.on_apply = _calling_after_completion(original, gate.task_done)
 
 
 class _ThreadGate:
