@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ipaddress
-import threading
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -12,6 +11,8 @@ from prorl_celery import job_intake
 from prorl_celery.errors import BadRequest, Forbidden, JobNotFound
 from prorl_celery.job_intake import JobSpec
 from prorl_celery.results import build_result, pending_result, results_as_they_end
+from prorl_celery.store import JobRecord
+from prorl_celery.waiting import RecordWait
 
 from .extension import app_services
 from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest, WaitRequest
@@ -62,11 +63,13 @@ def accepted(submitted: job_intake.Submitted) -> dict[str, Any]:
     return {"job_id": submitted.job_id, "status": submitted.status.value, "created": submitted.created}
 
 
-def job_response(job_id: str, wait_s: float, *, registered: threading.Event | None = None):
+def job_response(job_id: str, wait_s: float, *, registered: RecordWait[JobRecord] | None = None):
     services = app_services()
     store = services.store
-    store.wait(job_id, wait_s, registered=registered)
-    (record,) = services.records.submit([job_id])  # with the reads of requests woken beside it
+    # the listener reads the record when the job ends, so a woken request answers at once; reads
+    # of this request's own go out with those of requests beside it (Services.records)
+    record = store.waiter.wait_record(job_id, wait_s, store.load_many, read=services.records.submit,
+                                      registered=registered)
     if record is None:
         raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
     if record.status.terminal:
@@ -79,21 +82,22 @@ def process():
     body = parse(ProcessRequest)
     if body.num_samples:
         raise BadRequest("num_samples: /process waits for one job; submit a group with POST /jobs")
-    spec = prepare(body)
     services = app_services()
-    # waiting from before the job exists: its ending is then seen by the listener, and the
-    # status need not be read once more after the submit (a round trip per job)
-    waiter = services.store.waiter
-    registered = waiter.register(spec.job_id)
+    settings = services.settings
+    spec = prepare(body)
+    # waiting from before the job exists: its ending is then seen by the listener, which reads
+    # its record, and nothing need be read after the submit (round trips per job)
+    store = services.store
+    waiter = store.waiter
+    registered: RecordWait[JobRecord] | None = waiter.register_record(spec.job_id, store.load_many)
     try:
-        (submitted,) = submit([spec])
+        (submitted,) = services.intake.submit([spec])
     except BaseException:
         waiter.unregister(spec.job_id, registered)
         raise
     if not submitted.created:  # a repeated job_id: that job may have ended long ago
         waiter.unregister(spec.job_id, registered)
         registered = None
-    settings = services.settings
     wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
     return job_response(submitted.job_id, wait_s, registered=registered)
 

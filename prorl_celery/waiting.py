@@ -18,6 +18,12 @@ at once, before their statuses are read (one pipelined round trip, ``read_status
 returns a :class:`ManyWait` whose one event the listener sets for any of them, with the ids that
 ended queued behind it; the argument above holds per id. Each id costs a small registration
 object, not an event to park on, a thread or a connection.
+
+A wait that will answer with the job's record (the gateway's ``/process`` and
+``GET /jobs/<id>?wait=``) registers a :class:`RecordWait` (``register_record``) and waits with
+``wait_record``: when the stream names its job, the listener reads the records of every such job
+of that read in one pipelined round trip before it wakes them, so a woken request answers at
+once instead of going back to Redis for its record (a round trip and a hand-off per request).
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import redis
 
@@ -93,6 +99,31 @@ class _Member:
         self.wait._add(self.job_id)
 
 
+Record = TypeVar("Record", bound="_HasStatus")
+
+
+class _HasStatus(Protocol):
+    @property
+    def status(self) -> JobStatus: ...
+
+
+class RecordWait(Generic[Record]):
+    """One request's wait for one job, answered with the job's record: the listener reads it
+    (``load``, many ids in one round trip) when the stream names the job, before waking it."""
+
+    __slots__ = ("job_id", "load", "event", "record", "fetched")
+
+    def __init__(self, job_id: str, load: Callable[[list[str]], list[Record | None]]) -> None:
+        self.job_id = job_id
+        self.load = load
+        self.event = threading.Event()
+        self.record: Record | None = None
+        self.fetched = False  # ``record`` was read after the last wake-up (None: no such job)
+
+    def set(self) -> None:
+        self.event.set()
+
+
 class CompletionWaiter:
     def __init__(self, client: redis.Redis, sweep_s: float = 5.0) -> None:
         self.redis = client
@@ -118,8 +149,51 @@ class CompletionWaiter:
             self._events.setdefault(job_id, []).append(event)
         return event
 
-    def unregister(self, job_id: str, event: threading.Event) -> None:
+    def unregister(self, job_id: str, event: threading.Event | RecordWait[Any]) -> None:
         self._unregister_members([(job_id, event)])
+
+    def register_record(self, job_id: str, load: Callable[[list[str]], list[Record | None]]) -> RecordWait[Record]:
+        """``register`` for a wait that answers with the job's record (``wait_record``): when the
+        stream names the job, the listener reads its record through ``load`` (with every other
+        such job of that read) before waking it."""
+        wait: RecordWait[Record] = RecordWait(job_id, load)
+        self._ensure_started()  # the cursor precedes the registration (module doc)
+        with self._lock:
+            self._events.setdefault(job_id, []).append(wait)
+        return wait
+
+    def wait_record(self, job_id: str, timeout_s: float, load: Callable[[list[str]], list[Record | None]], *,
+                    read: Callable[[list[str]], list[Record | None]] | None = None,
+                    registered: RecordWait[Record] | None = None) -> Record | None:
+        """The job's record once it has ended, or when ``timeout_s`` passes (then as it is); None:
+        no such job. ``load`` reads records, many ids in one round trip (the listener's reads);
+        ``read`` (default ``load``) is this request's own.
+
+        ``registered``: ``register_record``'s wait, taken before the job was created: no read at
+        all until it ends (the listener's read answers). Otherwise the record is read once after
+        registering, so a job that ended before the call is answered from that read."""
+        read = read or load
+        if registered is None and timeout_s <= 0:
+            (record,) = read([job_id])  # nothing to wait for: one read, no registration
+            return record
+        wait = registered or self.register_record(job_id, load)
+
+        def read_status() -> JobStatus | None:
+            (record,) = read([job_id])
+            wait.record, wait.fetched = record, True
+            return record.status if record is not None else None
+        if registered is None:
+            status = read_status()
+            if status is None or status.terminal:
+                self.unregister(job_id, wait)
+                return wait.record
+        status = self.wait(job_id, timeout_s, read_status, registered=wait)
+        if status is None:
+            return None
+        record = wait.record if wait.fetched else None
+        if record is None or record.status.terminal != status.terminal:  # not read since the wake-up
+            (record,) = read([job_id])
+        return record
 
     def register_many(self, job_ids: Iterable[str]) -> ManyWait:
         """Start waiting for every one of ``job_ids`` (duplicates once) under one lock; read
@@ -150,17 +224,20 @@ class CompletionWaiter:
                     self._ended.pop(job_id, None)
 
     def wait(self, job_id: str, timeout_s: float, read_status: Callable[[], JobStatus | None], *,
-             skip_first_read: bool = False, registered: threading.Event | None = None) -> JobStatus | None:
+             skip_first_read: bool = False,
+             registered: threading.Event | RecordWait[Any] | None = None) -> JobStatus | None:
         """Block until ``read_status()`` is terminal or ``timeout_s`` passes; returns the last
         status read (None: the job does not exist).
 
         ``registered``: the event ``register`` gave before the job was created; the first read
         is skipped then (an ending can only come after the registration)."""
         deadline = time.monotonic() + timeout_s
+        registration: threading.Event | RecordWait[Any]
         if registered is None:
-            event = self.register(job_id)
+            registration = event = self.register(job_id)
         else:
-            event, skip_first_read = registered, True
+            registration, skip_first_read = registered, True
+            event = registered.event if isinstance(registered, RecordWait) else registered
         try:
             status: JobStatus | None = None
             first = True
@@ -179,7 +256,7 @@ class CompletionWaiter:
                 if time.monotonic() >= deadline and not event.is_set():
                     return read_status()
         finally:
-            self.unregister(job_id, event)
+            self.unregister(job_id, registration)
 
     def waiting(self) -> int:
         with self._lock:
@@ -264,6 +341,7 @@ class CompletionWaiter:
                     events += waiting
                     self._ended[job_id] = fields[3] if len(fields) > 3 and fields[2] == "status" \
                         else _field(fields, "status")
+        _fetch_records([event for event in events if isinstance(event, RecordWait)])
         for event in events:
             event.set()
 
@@ -274,6 +352,25 @@ class CompletionWaiter:
             return
         statuses = self.read_statuses(job_ids)
         self._wake([j for j, status in zip(job_ids, statuses) if status is None or status in TERMINAL])
+
+
+def _fetch_records(waits: list[RecordWait[Any]]) -> None:
+    """Read the records of ``waits`` before they are woken: one ``load`` per loader (one
+    pipelined round trip for every job of one stream read). A failed read leaves them unread:
+    each woken request then reads its own."""
+    by_load: dict[Callable[[list[str]], list[Any]], list[RecordWait[Any]]] = {}
+    for wait in waits:
+        wait.fetched = False
+        by_load.setdefault(wait.load, []).append(wait)
+    for load, group in by_load.items():
+        job_ids = list(dict.fromkeys(wait.job_id for wait in group))
+        try:
+            records = dict(zip(job_ids, load(job_ids)))
+        except Exception as error:  # noqa: BLE001 - the requests read for themselves
+            log.debug("completion listener could not read %d records: %s", len(job_ids), error)
+            continue
+        for wait in group:
+            wait.record, wait.fetched = records[wait.job_id], True
 
 
 def _field(fields: list[str], name: str) -> str:
