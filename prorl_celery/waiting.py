@@ -43,6 +43,8 @@ from .status import JobStatus
 log = logging.getLogger(__name__)
 TERMINAL = frozenset(s.value for s in JobStatus if s.terminal)
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 10.0  # listener's reconnect backoff while Redis is away
+#: most records the listener reads in one round trip for the waits it wakes
+RECORD_SLICE = 500
 
 
 class _Wakeable(Protocol):
@@ -341,9 +343,10 @@ class CompletionWaiter:
                     events += waiting
                     self._ended[job_id] = fields[3] if len(fields) > 3 and fields[2] == "status" \
                         else _field(fields, "status")
-        _fetch_records([event for event in events if isinstance(event, RecordWait)])
-        for event in events:
-            event.set()
+        for event in events:  # those that read for themselves first: they need nothing more
+            if not isinstance(event, RecordWait):
+                event.set()
+        _read_records_and_wake([event for event in events if isinstance(event, RecordWait)])
 
     def _sweep(self) -> None:
         with self._lock:
@@ -354,23 +357,27 @@ class CompletionWaiter:
         self._wake([j for j, status in zip(job_ids, statuses) if status is None or status in TERMINAL])
 
 
-def _fetch_records(waits: list[RecordWait[Any]]) -> None:
-    """Read the records of ``waits`` before they are woken: one ``load`` per loader (one
-    pipelined round trip for every job of one stream read). A failed read leaves them unread:
-    each woken request then reads its own."""
+def _read_records_and_wake(waits: list[RecordWait[Any]]) -> None:
+    """Read the records of ``waits``, then wake them: ``RECORD_SLICE`` jobs per pipelined round
+    trip of each loader (results can be large, and the first requests answer while the next
+    slice is read). A failed read leaves its waits unread: each woken request reads its own."""
     by_load: dict[Callable[[list[str]], list[Any]], list[RecordWait[Any]]] = {}
     for wait in waits:
         wait.fetched = False
         by_load.setdefault(wait.load, []).append(wait)
     for load, group in by_load.items():
-        job_ids = list(dict.fromkeys(wait.job_id for wait in group))
-        try:
-            records = dict(zip(job_ids, load(job_ids)))
-        except Exception as error:  # noqa: BLE001 - the requests read for themselves
-            log.debug("completion listener could not read %d records: %s", len(job_ids), error)
-            continue
-        for wait in group:
-            wait.record, wait.fetched = records[wait.job_id], True
+        for start in range(0, len(group), RECORD_SLICE):
+            chunk = group[start:start + RECORD_SLICE]
+            job_ids = list(dict.fromkeys(wait.job_id for wait in chunk))
+            try:
+                records = dict(zip(job_ids, load(job_ids)))
+            except Exception as error:  # noqa: BLE001 - the requests read for themselves
+                log.debug("completion listener could not read %d records: %s", len(job_ids), error)
+                records = None
+            for wait in chunk:
+                if records is not None:
+                    wait.record, wait.fetched = records[wait.job_id], True
+                wait.set()
 
 
 def _field(fields: list[str], name: str) -> str:

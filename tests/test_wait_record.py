@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from prorl_celery import keys
+from prorl_celery import keys, waiting
 from prorl_celery.connection import get_redis
 from prorl_celery.status import JobStatus
 from prorl_celery.store import JobRecord, JobStore
@@ -53,7 +53,19 @@ def test_a_wait_registered_before_the_job_exists_is_answered_by_the_listeners_re
     assert store.waiter.waiting() == 0
 
 
-def test_jobs_named_by_one_stream_read_are_read_in_one_round_trip(store: JobStore) -> None:
+def end_in_one_read(store: JobStore, job_ids: list[str]) -> None:
+    """End every job in one transaction (status and stream entry, as transition.lua writes them):
+    the listener's next read names them together."""
+    pipe = store.redis.pipeline(transaction=True)
+    for job_id in job_ids:
+        pipe.hset(keys.job(job_id), "status", JobStatus.CANCELLED.value)
+        pipe.xadd(keys.JOBS_ENDED, {"job": job_id, "status": JobStatus.CANCELLED.value})
+    pipe.execute()
+
+
+@pytest.mark.parametrize("record_slice, reads", [(500, [5]), (2, [2, 2, 1])])
+def test_jobs_named_by_one_stream_read_are_read_together(store: JobStore, monkeypatch, record_slice, reads) -> None:
+    monkeypatch.setattr(waiting, "RECORD_SLICE", record_slice)
     listener, own = Reads(store), Reads(store)
     ids = [f"batch{i}" for i in range(5)]
     registered = {job_id: store.waiter.register_record(job_id, listener) for job_id in ids}
@@ -65,17 +77,12 @@ def test_jobs_named_by_one_stream_read_are_read_in_one_round_trip(store: JobStor
     for thread in threads:
         thread.start()
     assert store.waiter.waiting() == 5  # registered: an ending from now on wakes each
-    # one transaction ends all five (status and stream entry, as transition.lua writes them): the
-    # listener's next read names them together
-    pipe = store.redis.pipeline(transaction=True)
-    for job_id in ids:
-        pipe.hset(keys.job(job_id), "status", JobStatus.CANCELLED.value)
-        pipe.xadd(keys.JOBS_ENDED, {"job": job_id, "status": JobStatus.CANCELLED.value})
-    pipe.execute()
+    end_in_one_read(store, ids)
     for thread in threads:
         thread.join(10)
     assert {j: r.status if r else None for j, r in records.items()} == dict.fromkeys(ids, JobStatus.CANCELLED)
-    assert sorted(map(sorted, listener.calls)) == [sorted(ids)] and own.calls == []
+    assert [len(call) for call in listener.calls] == reads and sorted(sum(listener.calls, [])) == ids
+    assert own.calls == []
 
 
 def test_a_failed_listener_read_leaves_each_request_to_read_its_own(store: JobStore) -> None:
