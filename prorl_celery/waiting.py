@@ -129,9 +129,6 @@ class RecordWait(Generic[Record]):
 class CompletionWaiter:
     def __init__(self, client: redis.Redis, sweep_s: float = 5.0) -> None:
         self.redis = client
-        #: the listener's client, on the same pool: XREAD's reply as Redis sends it (_read_ended)
-        self._raw = redis.Redis(connection_pool=client.connection_pool)
-        self._raw.response_callbacks.pop("XREAD", None)
         self.sweep_s = sweep_s
         self._events: dict[str, list[_Wakeable]] = {}
         #: status named by the stream for a job being waited on (spares the waiter a re-read)
@@ -279,7 +276,7 @@ class CompletionWaiter:
                 self._cursor = self._last_id()
             # the thread holds the waiter weakly between reads: a waiter nobody closed (a test's
             # store) stops its listener once it is collected, instead of outliving its Redis
-            state = _Listening(self.sweep_s)
+            state = _Listening(self.sweep_s, self.redis.connection_pool)
             self._thread = threading.Thread(target=_listen, args=(weakref.ref(self), self._stop, state),
                                             name="prorl-waiter", daemon=True)
             self._thread.start()
@@ -301,7 +298,7 @@ class CompletionWaiter:
         """One read of the stream (and the sweep when due); a lost Redis backs off."""
         try:
             block_ms = int(max(0.05, min(BLOCK_CHUNK_S, state.next_sweep - time.monotonic())) * 1000)
-            self._read_ended(block_ms)
+            self._read_ended(state, block_ms)
             if time.monotonic() >= state.next_sweep:
                 self._sweep()
                 state.next_sweep = time.monotonic() + self.sweep_s
@@ -317,15 +314,15 @@ class CompletionWaiter:
             self._stop.wait(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (state.outage - 1)))
             state.next_sweep = time.monotonic()  # whatever ended meanwhile: found by the sweep
 
-    def _read_ended(self, block_ms: int) -> None:
+    def _read_ended(self, state: _Listening, block_ms: int) -> None:
         """One XREAD of the stream; wakes the waiters of the jobs it names.
 
         Every gateway process reads every ending, though it waits on only its own share of them
         (a 1,000-job burst over 2 workers: 1,000 entries read by each, 500 of them someone
-        else's). So the reply is taken as Redis sends it (``_raw``: no redis-py callback turning
-        each entry into a tuple and a dict) and an entry costs one dict look-up unless this
-        process waits on its job."""
-        reply: Any = self._raw.xread({keys.JOBS_ENDED: self._cursor or "0-0"}, count=5000, block=block_ms)
+        else's). So the reply is taken as Redis sends it (``_Listening.xread``: no redis-py
+        callback turning each entry into a tuple and a dict) and an entry costs one dict look-up
+        unless this process waits on its job."""
+        reply: Any = state.xread(self._cursor or "0-0", block_ms)
         if not reply:
             return
         # RESP3 answers a map {stream: entries}, RESP2 a list of [stream, entries]
@@ -387,17 +384,45 @@ def _field(fields: list[str], name: str) -> str:
 
 
 class _Listening:
-    """The listener's own state between reads."""
+    """The listener's own state between reads, its connection included."""
 
-    def __init__(self, sweep_s: float) -> None:
+    def __init__(self, sweep_s: float, pool: redis.ConnectionPool) -> None:
         self.next_sweep = time.monotonic() + sweep_s
         self.outage = 0  # consecutive failed reads: the retry backs off, and one outage logs once
+        self.pool = pool
+        self.connection: Any = None
+
+    def xread(self, cursor: str, block_ms: int) -> Any:
+        """XREAD of the stream after ``cursor``, its reply as Redis sends it, on the listener's
+        own connection of the pool, held from one read to the next: a read through the client
+        (pool checkout and release, retries, redis-py's metrics hooks) ran about 150 Python calls
+        per read, once per wake-up in every gateway process. A failed read drops the connection
+        (the next read takes a new one) and raises redis-py's error."""
+        connection = self.connection
+        if connection is None:
+            connection = self.connection = self.pool.get_connection()
+        try:
+            connection.send_command("XREAD", "COUNT", 5000, "BLOCK", block_ms, "STREAMS", keys.JOBS_ENDED, cursor)
+            return connection.read_response()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Give the connection back to the pool, closed (a read may have been cut mid-reply)."""
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            connection.disconnect()
+            self.pool.release(connection)
 
 
 def _listen(ref: weakref.ReferenceType[CompletionWaiter], stop: threading.Event, state: _Listening) -> None:
-    while not stop.is_set():
-        waiter = ref()
-        if waiter is None:
-            return
-        waiter._listen_once(state)
-        del waiter  # held only during a read
+    try:
+        while not stop.is_set():
+            waiter = ref()
+            if waiter is None:
+                return
+            waiter._listen_once(state)
+            del waiter  # held only during a read
+    finally:
+        state.close()

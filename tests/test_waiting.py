@@ -135,3 +135,34 @@ def test_gunicorn_config_loads_nothing_of_the_service() -> None:
     assert out.stdout.strip() == ""
     assert subprocess.run([sys.executable, "-c", "import gunicorn.config; import api.gunicorn_conf as c; "
                            "assert c.worker_class in ('gevent', 'gthread')"], timeout=60).returncode == 0
+
+
+def test_the_listener_reads_on_after_its_connection_is_killed(redis_url: str) -> None:
+    """The listener holds one connection from read to read: killed under it (a proxy's idle
+    timeout, ``CLIENT KILL``), the next read takes a new one and no ending is missed."""
+    client = get_redis(redis_url + "/8")  # a db of its own: other tests' listeners read elsewhere
+    client.flushdb()
+    store = JobStore(client, result_ttl_s=60)
+    try:
+        new_job(store, "survivor")
+        registered = store.waiter.register("survivor")
+
+        def listening() -> list[dict]:
+            return [c for c in client.client_list() if c.get("cmd") == "xread" and c.get("db") == "8"]
+        deadline = time.monotonic() + 10
+        while not listening() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (before,) = listening()
+        client.client_kill_filter(_id=before["id"])
+        assert store.finish("survivor", JobStatus.CANCELLED).ok
+        started = time.monotonic()
+        assert store.waiter.wait("survivor", 20, lambda: store.status("survivor"), registered=registered) \
+            is JobStatus.CANCELLED
+        assert time.monotonic() - started < 10
+        deadline = time.monotonic() + 10
+        while not listening() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (after,) = listening()  # one listener connection again, a new one
+        assert after["id"] != before["id"]
+    finally:
+        store.waiter.close()
