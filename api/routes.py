@@ -11,7 +11,7 @@ from prorl_celery import job_intake
 from prorl_celery.errors import BadRequest, Forbidden, JobNotFound
 from prorl_celery.job_intake import JobSpec
 from prorl_celery.results import build_result, pending_result, results_as_they_end
-from prorl_celery.store import JobRecord
+from prorl_celery.store import JobRecord, decode_record
 from prorl_celery.waiting import RecordWait
 
 from .extension import app_services
@@ -68,8 +68,7 @@ def job_response(job_id: str, wait_s: float, *, registered: RecordWait[JobRecord
     store = services.store
     # the listener reads the record when the job ends, so a woken request answers at once; reads
     # of this request's own go out with those of requests beside it (Services.records)
-    record = store.waiter.wait_record(job_id, wait_s, store.load_many, read=services.records.submit,
-                                      registered=registered)
+    record = store.waiter.wait_record(job_id, wait_s, services.records.submit, decode_record, registered=registered)
     if record is None:
         raise JobNotFound(f"no job with id {job_id!r} (unknown, or its result expired)")
     if record.status.terminal:
@@ -89,7 +88,7 @@ def process():
     # its record, and nothing need be read after the submit (round trips per job)
     store = services.store
     waiter = store.waiter
-    registered: RecordWait[JobRecord] | None = waiter.register_record(spec.job_id, store.load_many)
+    registered: RecordWait[JobRecord] | None = waiter.register_record(spec.job_id, decode_record)
     try:
         (submitted,) = services.intake.submit([spec])
     except BaseException:

@@ -21,9 +21,10 @@ object, not an event to park on, a thread or a connection.
 
 A wait that will answer with the job's record (the gateway's ``/process`` and
 ``GET /jobs/<id>?wait=``) registers a :class:`RecordWait` (``register_record``) and waits with
-``wait_record``: when the stream names its job, the listener reads the records of every such job
-of that read in one pipelined round trip before it wakes them, so a woken request answers at
-once instead of going back to Redis for its record (a round trip and a hand-off per request).
+``wait_record``: when the stream names its job, the listener reads the hashes of every such job
+of that read in one round trip on its own connection before it wakes them, so a woken request
+answers at once instead of going back to Redis for its record (a round trip, a hand-off and a
+pass through redis-py's client per request).
 """
 from __future__ import annotations
 
@@ -110,14 +111,15 @@ class _HasStatus(Protocol):
 
 
 class RecordWait(Generic[Record]):
-    """One request's wait for one job, answered with the job's record: the listener reads it
-    (``load``, many ids in one round trip) when the stream names the job, before waking it."""
+    """One request's wait for one job, answered with the job's record: when the stream names the
+    job, the listener reads its hash (with the others of that read, on its own connection) and
+    ``decode``s it before waking the wait."""
 
-    __slots__ = ("job_id", "load", "event", "record", "fetched")
+    __slots__ = ("job_id", "decode", "event", "record", "fetched")
 
-    def __init__(self, job_id: str, load: Callable[[list[str]], list[Record | None]]) -> None:
+    def __init__(self, job_id: str, decode: Callable[[dict[str, str]], Record]) -> None:
         self.job_id = job_id
-        self.load = load
+        self.decode = decode
         self.event = threading.Event()
         self.record: Record | None = None
         self.fetched = False  # ``record`` was read after the last wake-up (None: no such job)
@@ -151,31 +153,30 @@ class CompletionWaiter:
     def unregister(self, job_id: str, event: threading.Event | RecordWait[Any]) -> None:
         self._unregister_members([(job_id, event)])
 
-    def register_record(self, job_id: str, load: Callable[[list[str]], list[Record | None]]) -> RecordWait[Record]:
+    def register_record(self, job_id: str, decode: Callable[[dict[str, str]], Record]) -> RecordWait[Record]:
         """``register`` for a wait that answers with the job's record (``wait_record``): when the
-        stream names the job, the listener reads its record through ``load`` (with every other
-        such job of that read) before waking it."""
-        wait: RecordWait[Record] = RecordWait(job_id, load)
+        stream names the job, the listener reads its hash (``keys.job``) with every other such
+        job of that read and ``decode``s it before waking the wait."""
+        wait: RecordWait[Record] = RecordWait(job_id, decode)
         self._ensure_started()  # the cursor precedes the registration (module doc)
         with self._lock:
             self._events.setdefault(job_id, []).append(wait)
         return wait
 
-    def wait_record(self, job_id: str, timeout_s: float, load: Callable[[list[str]], list[Record | None]], *,
-                    read: Callable[[list[str]], list[Record | None]] | None = None,
+    def wait_record(self, job_id: str, timeout_s: float, read: Callable[[list[str]], list[Record | None]],
+                    decode: Callable[[dict[str, str]], Record], *,
                     registered: RecordWait[Record] | None = None) -> Record | None:
         """The job's record once it has ended, or when ``timeout_s`` passes (then as it is); None:
-        no such job. ``load`` reads records, many ids in one round trip (the listener's reads);
-        ``read`` (default ``load``) is this request's own.
+        no such job. ``read`` is this request's own read of records (many ids at once);
+        ``decode`` turns a job's hash into its record (the listener's reads).
 
         ``registered``: ``register_record``'s wait, taken before the job was created: no read at
         all until it ends (the listener's read answers). Otherwise the record is read once after
         registering, so a job that ended before the call is answered from that read."""
-        read = read or load
         if registered is None and timeout_s <= 0:
             (record,) = read([job_id])  # nothing to wait for: one read, no registration
             return record
-        wait = registered or self.register_record(job_id, load)
+        wait = registered or self.register_record(job_id, decode)
 
         def read_status() -> JobStatus | None:
             (record,) = read([job_id])
@@ -343,7 +344,7 @@ class CompletionWaiter:
         for event in events:  # those that read for themselves first: they need nothing more
             if not isinstance(event, RecordWait):
                 event.set()
-        _read_records_and_wake([event for event in events if isinstance(event, RecordWait)])
+        _read_records_and_wake(state, [event for event in events if isinstance(event, RecordWait)])
 
     def _sweep(self) -> None:
         with self._lock:
@@ -354,27 +355,29 @@ class CompletionWaiter:
         self._wake([j for j, status in zip(job_ids, statuses) if status is None or status in TERMINAL])
 
 
-def _read_records_and_wake(waits: list[RecordWait[Any]]) -> None:
-    """Read the records of ``waits``, then wake them: ``RECORD_SLICE`` jobs per pipelined round
-    trip of each loader (results can be large, and the first requests answer while the next
-    slice is read). A failed read leaves its waits unread: each woken request reads its own."""
-    by_load: dict[Callable[[list[str]], list[Any]], list[RecordWait[Any]]] = {}
+def _read_records_and_wake(state: _Listening, waits: list[RecordWait[Any]]) -> None:
+    """Read the records of ``waits``, then wake them: the hashes of ``RECORD_SLICE`` jobs per
+    round trip on the listener's connection (results can be large, and the first requests answer
+    while the next slice is read). A failed read leaves its waits unread: each woken request
+    then reads its own."""
     for wait in waits:
         wait.fetched = False
-        by_load.setdefault(wait.load, []).append(wait)
-    for load, group in by_load.items():
-        for start in range(0, len(group), RECORD_SLICE):
-            chunk = group[start:start + RECORD_SLICE]
-            job_ids = list(dict.fromkeys(wait.job_id for wait in chunk))
-            try:
-                records = dict(zip(job_ids, load(job_ids)))
-            except Exception as error:  # noqa: BLE001 - the requests read for themselves
-                log.debug("completion listener could not read %d records: %s", len(job_ids), error)
-                records = None
-            for wait in chunk:
-                if records is not None:
-                    wait.record, wait.fetched = records[wait.job_id], True
-                wait.set()
+    for start in range(0, len(waits), RECORD_SLICE):
+        chunk = waits[start:start + RECORD_SLICE]
+        job_ids = list(dict.fromkeys(wait.job_id for wait in chunk))
+        try:
+            hashes = dict(zip(job_ids, state.read_hashes([keys.job(job_id) for job_id in job_ids])))
+        except Exception as error:  # noqa: BLE001 - the requests read for themselves
+            log.debug("completion listener could not read %d records: %s", len(job_ids), error)
+            hashes = None
+        for wait in chunk:
+            if hashes is not None:
+                found = hashes[wait.job_id]
+                try:
+                    wait.record, wait.fetched = (wait.decode(found) if found else None), True
+                except Exception:  # noqa: BLE001 - a record it cannot decode: the request reads it (and says why)
+                    log.exception("completion listener could not decode the record of %s", wait.job_id)
+            wait.set()
 
 
 def _field(fields: list[str], name: str) -> str:
@@ -407,6 +410,20 @@ class _Listening:
         except BaseException:
             self.close()
             raise
+
+    def read_hashes(self, keys_: list[str]) -> list[dict[str, str]]:
+        """HGETALL of every key, sent at once on the listener's connection (RESP2's flat lists
+        as dicts, as the client's callback makes them)."""
+        connection = self.connection
+        if connection is None:
+            connection = self.connection = self.pool.get_connection()
+        try:
+            connection.send_packed_command(connection.pack_commands([("HGETALL", key) for key in keys_]))
+            replies = [connection.read_response() for _ in keys_]
+        except BaseException:
+            self.close()
+            raise
+        return [reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2])) for reply in replies]
 
     def close(self) -> None:
         """Give the connection back to the pool, closed (a read may have been cut mid-reply)."""

@@ -16,7 +16,7 @@ import redis
 
 from prorl_celery import keys
 from prorl_celery.status import JobStatus
-from prorl_celery.store import JobStore
+from prorl_celery.store import JobStore, decode_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +56,18 @@ def test_listener_wakes_its_own_job_among_many_others(store: JobStore) -> None:
     assert reads == []
     assert time.monotonic() - started < 5
     assert store.waiter.waiting() == 0
+
+
+def test_listener_reads_the_records_it_wakes_with_in_either_protocol(store: JobStore) -> None:
+    registered = store.waiter.register_record("mine", decode_record)
+    store.create("mine", {"task": "noop", "budget_s": 60, "instance": {"instance_id": "i-7"}})
+    assert store.finish("mine", JobStatus.FAILED, {"error": "on purpose"}).ok
+
+    def read(job_ids: list[str]) -> list:
+        raise AssertionError("the listener's read answers")
+    record = store.waiter.wait_record("mine", 10, read, decode_record, registered=registered)
+    assert record == store.load("mine")  # RESP3's map and RESP2's flat list decode alike
+    assert record.error == "on purpose" and record.instance == {"instance_id": "i-7"}
 
 
 def test_listener_reads_fields_in_any_order(store: JobStore) -> None:
