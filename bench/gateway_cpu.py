@@ -7,9 +7,10 @@ One redis-server and one set of INIT/RUN/EVAL workers (this tree's) serve two gu
 gateways: this tree's and ``--baseline``'s (its own code on ``PYTHONPATH``, same settings,
 same Redis, same broker). No-op jobs (``task: noop``) go to one gateway then the other in
 alternating rounds of ``--jobs`` each, from ``--clients`` keep-alive httpx clients at once
-(every value given is a phase); the gateway's CPU (master and workers, every thread, from
-``/proc/<pid>/task/<tid>/schedstat``) is read around each round. Load from other processes hits both sides alike, round by
-round; the ratio (this tree / baseline) of the median round is what the run says.
+(every value given is a phase). Each round reads the gateway's CPU (master and workers, every
+thread, from ``/proc/<pid>/task/<tid>/schedstat``) before and after, and every call's latency.
+Load from other processes hits both sides alike, round by round: the ratio (this tree /
+baseline) is what the run says.
 """
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ def spawn_gateway(cluster: LocalCluster, tree: Path, workers: int, log_dir: Path
     return url, process
 
 
-def run_jobs(url: str, jobs: int, clients: int) -> float:
-    """``jobs`` blocking /process calls from ``clients`` keep-alive clients; wall seconds."""
+def run_jobs(url: str, jobs: int, clients: int, latencies: list[float] | None = None) -> float:
+    """``jobs`` blocking /process calls from ``clients`` keep-alive clients; wall seconds (and
+    each call's seconds appended to ``latencies``)."""
     lock, left, errors = threading.Lock(), [jobs], []
 
     def work() -> None:
@@ -80,7 +82,10 @@ def run_jobs(url: str, jobs: int, clients: int) -> float:
                         if left[0] <= 0:
                             return
                         left[0] -= 1
+                    sent = time.perf_counter()
                     response = client.post("/process", json=NOOP_BODY)
+                    if latencies is not None:
+                        latencies.append(time.perf_counter() - sent)
                     if response.status_code != 200 or response.json().get("status") != "completed":
                         raise RuntimeError(f"/process answered {response.status_code}: {response.text[:200]}")
         except BaseException as error:  # noqa: BLE001 - reported below
@@ -114,17 +119,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for clients in args.clients:
                 per_round: dict[str, list[float]] = {name: [] for name in sides}
                 walls: dict[str, float] = dict.fromkeys(sides, 0.0)
+                latencies: dict[str, list[float]] = {name: [] for name in sides}
                 for number in range(args.rounds):
                     order = list(sides) if number % 2 == 0 else list(sides)[::-1]
                     for name in order:
                         url, pgid = sides[name]
                         before = group_cpu_s(pgid)
-                        walls[name] += run_jobs(url, args.jobs, clients)
+                        walls[name] += run_jobs(url, args.jobs, clients, latencies[name])
                         per_round[name].append((group_cpu_s(pgid) - before) * 1e3 / args.jobs)
                 ratios = [a / b for a, b in zip(per_round["this"], per_round["baseline"]) if b > 0]
                 phases.append({"clients": clients, "cpu_ms_per_job": per_round,
                                "median_ms": {n: statistics.median(v) for n, v in per_round.items()},
                                "jobs_per_s": {n: args.jobs * args.rounds / w for n, w in walls.items()},
+                               "p50_latency_ms": {n: statistics.median(v) * 1e3 for n, v in latencies.items()},
                                "ratio_median_of_rounds": statistics.median(ratios),
                                "ratio_of_medians": statistics.median(per_round["this"])
                                / statistics.median(per_round["baseline"])})
@@ -138,12 +145,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     rows = [[str(p["clients"]), f"{p['median_ms']['this']:.2f}", f"{p['median_ms']['baseline']:.2f}",
              f"{p['ratio_of_medians']:.2f}", f"{p['ratio_median_of_rounds']:.2f}",
-             f"{p['jobs_per_s']['this']:.0f} / {p['jobs_per_s']['baseline']:.0f}"] for p in result["phases"]]
+             f"{p['jobs_per_s']['this']:.0f} / {p['jobs_per_s']['baseline']:.0f}",
+             f"{p['p50_latency_ms']['this']:.2f} / {p['p50_latency_ms']['baseline']:.2f}"] for p in result["phases"]]
     load = result["loadavg_before"]
     lines = [f"gateway CPU per POST /process (noop), this tree vs {result['baseline']} "
              f"(load {load[0]:.2f} before, {result['loadavg_after'][0]:.2f} after)", ""]
     lines += markdown_table(["clients", "this ms/job", "baseline ms/job", "ratio of medians",
-                             "median ratio of rounds", "jobs/s this / baseline"], rows)
+                             "median ratio of rounds", "jobs/s this / baseline", "p50 ms this / baseline"], rows)
     return "\n".join(lines)
 
 
