@@ -17,9 +17,9 @@ A failed submit fails exactly the requests of its batch, each with the error its
 service, an unreachable broker: ``ServiceStopped``, 503). Requests are checked (``prepare``)
 before they are queued, so one request's bad input never reaches a batch.
 
-The same grouping serves the reads of finished jobs' records (``Services.records``): the
-completion listener wakes the waiters of every job one stream read names at once, and their
-HGETALLs then go out in one pipeline.
+The same grouping serves the gateway's own reads of job records (``Services.records``: a
+``GET /jobs/<id>``, the first read of a wait, a woken request whose record the completion
+listener could not read for it), concurrent ones in one pipeline.
 """
 from __future__ import annotations
 
