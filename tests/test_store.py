@@ -1,6 +1,7 @@
 """The job store and the backend pool against a real redis-server: atomicity and accounting."""
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import Counter
@@ -67,6 +68,21 @@ def test_the_record_is_decoded_once_into_typed_fields(store):
     assert (record.critical_error, record.error, record.backend) == ("init", "ValueError: bad", None)
     assert store.redis.hget(keys.job("j1"), "backend") == "" and record.attempt == 1
     assert record.ended_at is not None and record.status.terminal
+
+
+def test_json_fields_read_back_what_json_dumps_wrote_beyond_strict_json(store):
+    """msgspec decodes the JSON fields; what it refuses (NaN, -Infinity, a lone surrogate, all
+    of which the store's json.dumps writes) must still read back, not fail the record."""
+    trajectory = {"response_logprobs": [-0.5, float("-inf")], "score": float("nan"), "text": "a\ud800b",
+                  "nested": {"ids": [1, 2], "ok": True}}
+    store.create("j1", {"task": "math", "instance": {"problem": "p"}})
+    store.claim_stage("j1", Stage.INIT)
+    assert store.finish("j1", JobStatus.FAILED, {"trajectory": trajectory}, attempt=1).ok
+    read = store.load("j1").trajectory
+    assert read["response_logprobs"] == [-0.5, float("-inf")] and math.isnan(read["score"])
+    assert read["text"] == "a\ud800b" and read["nested"] == {"ids": [1, 2], "ok": True}
+    store.create("j2", {"task": "math", "instance": {"problem": "q", "ids": [3]}})
+    assert store.load("j2").instance == {"problem": "q", "ids": [3]}
 
 
 def test_a_stage_is_claimed_once(store):
