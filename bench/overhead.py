@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -282,8 +283,12 @@ def sequential(side: Side, count: int, on_job: Callable[[float, Any], None] | No
     return latencies
 
 
-def concurrent(side: Side, jobs: int, threads: int, progress: tqdm | None = None) -> tuple[float, list[float]]:
-    """Run ``jobs`` jobs from ``threads`` client threads; returns (wall seconds, job latencies)."""
+def concurrent(side: Side, jobs: int, threads: int, progress: tqdm | None = None,
+               at_start: Callable[[], None] = lambda: None) -> tuple[float, list[float]]:
+    """Run ``jobs`` jobs from ``threads`` client threads; returns (wall seconds, job latencies).
+    ``at_start`` is called once every thread has its client, right before the first job: a
+    client is made once per trainer thread, not per job (an ``httpx.Client`` loads its CA bundle,
+    about 22 ms of CPU, even for a plain-HTTP URL), so CPU per job is counted from there."""
     lock = threading.Lock()
     remaining = [jobs]
     latencies: list[float] = []
@@ -322,6 +327,7 @@ def concurrent(side: Side, jobs: int, threads: int, progress: tqdm | None = None
         thread.start()
     for _ in pool:
         ready.acquire()
+    at_start()
     started = time.perf_counter()
     go.set()
     try:
@@ -438,9 +444,11 @@ def run(plan: Plan) -> dict[str, Any]:
         with bar(plan, 2 * per_round * plan.rounds, f"throughput x{plan.concurrency}") as progress:
             for number in range(plan.rounds):
                 for side in (sides if number % 2 == 0 else sides[::-1]):
-                    before, client_before = cpu_seconds_by_group(processes.all()), _own_cpu()
-                    wall, values = concurrent(side, per_round, plan.concurrency, progress)
+                    start: dict[str, Any] = {}
+                    wall, values = concurrent(side, per_round, plan.concurrency, progress,
+                                              at_start=partial(_cpu_snapshot, start, processes))
                     after, client_after = cpu_seconds_by_group(processes.all()), _own_cpu()
+                    before, client_before = start["before"], start["client"]
                     walls[side.name] += wall
                     counts[side.name] += len(values)
                     loaded[side.name] += values
@@ -480,6 +488,11 @@ def run(plan: Plan) -> dict[str, Any]:
         return result
     finally:
         processes.stop()
+
+
+def _cpu_snapshot(into: dict[str, Any], processes: Processes) -> None:
+    """The CPU seconds so far of every process (``before``) and of this one (``client``)."""
+    into.update(before=cpu_seconds_by_group(processes.all()), client=_own_cpu())
 
 
 def _own_cpu() -> float:
