@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead.json"
 TARGET_LATENCY_RATIO = 1.2  # issue 17's
 TARGET_JOBS_PER_S = 100.0
+TARGET_CPU_RATIO = 1.0  # issue 17's: a job's CPU over every process, service / raw chain
 NOOP_BODY = {"task": "noop", "instance": {}}
 SERVICE_DB, STATE_DB, RAW_BROKER_DB, RAW_RESULT_DB = 0, 1, 2, 3
 
@@ -475,6 +476,9 @@ def run(plan: Plan) -> dict[str, Any]:
                                       if v * 1e3 / counts[name] >= 0.005}
                                for name, usage in cpu.items()},
         }
+        # every process's CPU in a side's rounds, that side's jobs' (the other side's idle pollers too)
+        cpu_ratio = (sum(cpu["service"].values()) / counts["service"]) / \
+            (sum(cpu["baseline"].values()) / counts["baseline"])
         result["targets"] = {
             "latency_ratio_p50": {"limit": TARGET_LATENCY_RATIO, "value": result["latency"]["ratio_p50"],
                                   "ok": result["latency"]["ratio_p50"] <= TARGET_LATENCY_RATIO},
@@ -482,6 +486,8 @@ def run(plan: Plan) -> dict[str, Any]:
                                   "ok": result["latency"]["ratio_p95"] <= TARGET_LATENCY_RATIO},
             "service_jobs_per_s": {"limit": TARGET_JOBS_PER_S, "value": rate["service"],
                                    "ok": rate["service"] >= TARGET_JOBS_PER_S},
+            "cpu_ratio_per_job": {"limit": TARGET_CPU_RATIO, "value": cpu_ratio,
+                                  "ok": cpu_ratio <= TARGET_CPU_RATIO},
         }
         result["baseline_late_wakeups"] = baseline.raw_chain.late_wakeups() - late_before
         result["machine"]["loadavg_after"] = os.getloadavg()
