@@ -12,7 +12,7 @@ from prorl_celery import keys, leases
 from prorl_celery.leases import LeaseKeeper, Reaper, backfill, index_drift
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import JobStore
-from tests.support.services import own_redis_fixture
+from tests.support.services import flushed_client, own_redis_fixture
 
 LEASE_S = 1.0
 
@@ -22,10 +22,8 @@ own_redis = own_redis_fixture("redis-leases")
 
 @pytest.fixture
 def client(own_redis):
-    connection = redis.Redis.from_url(own_redis, decode_responses=True)
-    connection.flushall()
-    yield connection
-    connection.flushall()
+    with flushed_client(own_redis) as connection:
+        yield connection
 
 
 def make_store(client: redis.Redis) -> JobStore:

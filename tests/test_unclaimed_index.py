@@ -17,7 +17,7 @@ from prorl_celery.leases import backfill, give_up, index_drifts, lost_messages, 
 from prorl_celery.settings import Settings
 from prorl_celery.status import JobStatus, Stage
 from prorl_celery.store import SENT_HEADER, JobStore
-from tests.support.services import own_redis_fixture
+from tests.support.services import flushed_client, own_redis_fixture
 
 own_redis = own_redis_fixture("redis-unclaimed")
 FIELDS = {"task": "noop", "instance": {}, "budget_s": 10, "attempt": 1, "max_attempts": 2}
@@ -26,10 +26,8 @@ INIT_INDEX, EVAL_INDEX = keys.unclaimed("pending_init"), keys.unclaimed("pending
 
 @pytest.fixture
 def client(own_redis):
-    connection = redis.Redis.from_url(own_redis, decode_responses=True)
-    connection.flushall()
-    yield connection
-    connection.flushall()
+    with flushed_client(own_redis) as connection:
+        yield connection
 
 
 @pytest.fixture

@@ -12,18 +12,15 @@ import pytest
 import redis
 
 from prorl_celery import keys, waiting
-from prorl_celery.connection import get_redis
 from prorl_celery.status import JobStatus
 from prorl_celery.store import JobRecord, JobStore, decode_record
+from tests.support.services import flushed_store
 
 
 @pytest.fixture
 def store(redis_url: str):
-    client = get_redis(redis_url + "/6")
-    client.flushdb()
-    store = JobStore(client, result_ttl_s=60)
-    yield store
-    store.waiter.close()
+    with flushed_store(redis_url + "/6") as store:
+        yield store
 
 
 class Reads:

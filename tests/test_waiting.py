@@ -12,17 +12,13 @@ from prorl_celery.connection import get_redis
 from prorl_celery.status import JobStatus
 from prorl_celery.store import JobStore
 from prorl_celery.waiting import CompletionWaiter
+from tests.support.services import flushed_store
 
 
 @pytest.fixture
 def store(redis_url: str):
-    # the service's own client (a blocking pool of 1024): a plain pool caps at 100 connections, and
-    # the 300 waiters' status reads at once then fail with "Too many connections" under load
-    client = get_redis(redis_url + "/5")
-    client.flushdb()
-    store = JobStore(client, result_ttl_s=60)
-    yield store
-    store.waiter.close()
+    with flushed_store(redis_url + "/5") as store:
+        yield store
 
 
 def new_job(store: JobStore, job_id: str) -> None:

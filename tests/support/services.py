@@ -8,13 +8,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
+from prorl_celery.connection import get_redis
 from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "tests" / "data" / "llm_rules.json"
@@ -108,6 +112,33 @@ def own_redis_fixture(name: str):
         yield url
         handle.stop()
     return own_redis
+
+
+@contextmanager
+def flushed_client(url: str) -> Iterator[redis.Redis]:
+    """A client of a redis-server of a module's own (``own_redis_fixture``), flushed before and
+    after a test."""
+    connection = redis.Redis.from_url(url, decode_responses=True)
+    connection.flushall()
+    try:
+        yield connection
+    finally:
+        connection.flushall()
+
+
+@contextmanager
+def flushed_store(url: str) -> Iterator[JobStore]:
+    """A job store on the flushed database ``url`` names, through the service's own client (a
+    blocking pool of 1024: a plain pool caps at 100 connections, and hundreds of waiters' status
+    reads at once then fail with "Too many connections" under load); its completion listener is
+    closed after the test."""
+    client = get_redis(url)
+    client.flushdb()
+    store = JobStore(client, result_ttl_s=60)
+    try:
+        yield store
+    finally:
+        store.waiter.close()
 
 
 def start_gateway(cluster: LocalCluster, log_dir: Path, name: str, env: dict[str, str]) -> tuple[str, ManagedProcess]:
