@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         report["warm_start"] = warm_start(warm_dir, sft, args.sft_steps, args.sft_lr, log)
     cores = sorted(os.sched_getaffinity(0))
     env = [f"{k}={v}" for k, v in vllm_env(cpus=str(cores[-1])).items()]
-    command = ["env", "-u", "PYTHONPATH", *env, *vllm_command(python, warm_dir, "{port}", max_model_len=2048)]
+    command = ["env", "-u", "PYTHONPATH", *env,
+               *vllm_command(python, warm_dir, "{port}", max_model_len=2048, cpus=str(cores[-1]))]
     started = time.monotonic()
     with LocalCluster(llm_command=command, tokenizer=str(ensure_tokenizer("qwen3")), log_dir=work / "logs",
                       concurrency={Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}, gateway_workers=1) as cluster:

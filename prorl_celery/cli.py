@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -53,8 +54,9 @@ def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | 
         if python is None:
             raise click.ClickException(why)
         model = str(ensure_vllm_model("qwen3"))
-        env = [f"{k}={v}" for k, v in vllm_env().items()]
-        return ["env", "-u", "PYTHONPATH", *env, *vllm_command(python, model, "{port}")], model
+        core = str(max(os.sched_getaffinity(0)))  # the whole server on one core: see vllm_command
+        env = [f"{k}={v}" for k, v in vllm_env(cpus=core).items()]
+        return ["env", "-u", "PYTHONPATH", *env, *vllm_command(python, model, "{port}", cpus=core)], model
     serve = [sys.executable, "-m", "prorl_celery.llm.serve", "--port", "{port}"]
     if llm == "tiny":
         model = str(ensure_tiny_model("qwen3"))

@@ -61,7 +61,7 @@ class VLLMServer:
         env.update(vllm_env(kv_cache_gib=1, cpus=cpus, dev_mode=True))
         self.started = time.monotonic()
         with open(self.log_path, "wb") as log:
-            popen = subprocess.Popen(vllm_command(python, model, self.port, max_model_len), stdout=log,
+            popen = subprocess.Popen(vllm_command(python, model, self.port, max_model_len, cpus=cpus), stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
         self.process = ManagedProcess(name, popen, self.log_path)
