@@ -170,14 +170,18 @@ class LocalCluster:
         new = self._spawn_gateway()
         wait_until(lambda: httpx.get(self.gateway_url + "/healthz").status_code == 200, 60, "gateway", new)
 
-    def start_worker(self, stage: Stage, concurrency: int, name: str | None = None) -> ManagedProcess:
-        name = name or f"{stage.value}-{os.getpid()}-{len(self.processes)}"
+    def start_worker(self, stage: Stage | tuple[Stage, ...], concurrency: int,
+                     name: str | None = None) -> ManagedProcess:
+        """A worker of one stage's queue, or of several (``-Q init,run``: one pool for them all)."""
+        queues = ",".join(s.value for s in ((stage,) if isinstance(stage, Stage) else stage))
+        name = name or f"{queues.replace(',', '+')}-{os.getpid()}-{len(self.processes)}"
         return self._spawn(name, [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker",
-                                  "-Q", stage.value, "-c", str(concurrency), "-n", f"{name}@%h",
+                                  "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
                                   "--without-gossip", "--without-mingle", "-l", "info"])
 
     def wait_for_workers(self, timeout_s: float = 90) -> None:
-        expected = {p.name for p in self.processes if p.name.split("-")[0] in {s.value for s in Stage}}
+        stages = {s.value for s in Stage}
+        expected = {p.name for p in self.processes if set(p.name.split("-")[0].split("+")) <= stages}
 
         def all_seen() -> bool:
             status = httpx.get(self.gateway_url + "/status", headers=self.auth_headers()).json()
