@@ -9,7 +9,7 @@
    the reaper after ``PRORL_REPUBLISH_AFTER_S`` and the job completes, for INIT and for EVAL;
    jobs waiting behind a backlog are not published again.
 3. Workers of several stages: ``-Q init,eval`` (the fetch gate alone) hands its one thread from
-   one queue to the other at once and, busy, leaves both queues to another worker;
+   one queue to the other at once and, busy, leaves the queue to another worker;
    ``-Q init,run,eval`` (both gates on one pool) runs the whole pipeline.
 """
 from __future__ import annotations
@@ -66,9 +66,12 @@ def test_a_freed_thread_fetches_the_next_message_at_once(one_thread_init) -> Non
     eventually(lambda: all(status_of(state, j) == "completed" for j in jobs), 30, "all completed")
 
 
-def test_a_busy_worker_leaves_the_queue_to_another(one_thread_init) -> None:
-    cluster, gateway, state, broker = one_thread_init
-    slow = post(gateway, init_sleep_s=25)
+def check_a_busy_worker_leaves_the_queue_to_another(setup, stages: Stage | tuple[Stage, ...],
+                                                    slow_s: float) -> None:
+    """The only thread of the worker of ``setup`` busy with a slow INIT: three more jobs stay
+    queued, and a second worker of ``stages`` runs them while the slow one is still in INIT."""
+    cluster, gateway, state, broker = setup
+    slow = post(gateway, init_sleep_s=slow_s)
     eventually(lambda: status_of(state, slow) == "init", 30, "the slow job in INIT")
     quick = [post(gateway) for _ in range(3)]
     time.sleep(1.0)  # a hoarding worker would have fetched them by now
@@ -76,12 +79,16 @@ def test_a_busy_worker_leaves_the_queue_to_another(one_thread_init) -> None:
     assert [status_of(state, j) for j in quick] == ["pending_init"] * 3
     # the INIT deliveries (the slow one's included) left no ack bookkeeping behind
     assert broker.hlen("unacked") == 0 and broker.zcard("unacked_index") == 0
-    cluster.start_worker(Stage.INIT, 1)
+    cluster.start_worker(stages, 1)
     # the first worker's only thread is busy with the slow job: the second one runs them
     eventually(lambda: all(status_of(state, j) == "completed" for j in quick), 60, "the quick jobs completed")
     assert status_of(state, slow) == "init"
     eventually(lambda: status_of(state, slow) == "completed", 60, "the slow job completed")
     assert broker.hlen("unacked") == 0
+
+
+def test_a_busy_worker_leaves_the_queue_to_another(one_thread_init) -> None:
+    check_a_busy_worker_leaves_the_queue_to_another(one_thread_init, Stage.INIT, slow_s=25)
 
 
 @pytest.fixture(scope="module")
@@ -164,18 +171,8 @@ def test_a_mixed_worker_hands_over_from_one_queue_to_the_other_at_once(init_eval
     assert broker.hlen("unacked") == 0  # RUN's acks (at admission) left nothing behind either
 
 
-def test_a_busy_mixed_worker_leaves_both_queues_to_another(init_eval_worker) -> None:
-    cluster, gateway, state, broker = init_eval_worker
-    slow = post(gateway, init_sleep_s=15)
-    eventually(lambda: status_of(state, slow) == "init", 30, "the slow job in INIT")
-    quick = [post(gateway) for _ in range(3)]
-    time.sleep(1.0)  # a hoarding worker would have fetched them by now
-    assert broker.llen(Stage.INIT.value) == 3
-    assert [status_of(state, j) for j in quick] == ["pending_init"] * 3
-    cluster.start_worker((Stage.INIT, Stage.EVAL), 1)
-    eventually(lambda: all(status_of(state, j) == "completed" for j in quick), 60, "the quick jobs completed")
-    assert status_of(state, slow) == "init"
-    eventually(lambda: status_of(state, slow) == "completed", 60, "the slow job completed")
+def test_a_busy_mixed_worker_leaves_the_queue_to_another(init_eval_worker) -> None:
+    check_a_busy_worker_leaves_the_queue_to_another(init_eval_worker, (Stage.INIT, Stage.EVAL), slow_s=15)
 
 
 def test_one_worker_of_every_stage_runs_the_pipeline(tmp_path_factory) -> None:
