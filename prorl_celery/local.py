@@ -112,6 +112,8 @@ class LocalCluster:
     gateway_workers: int = 2
     log_dir: Path | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
+    #: the names of the workers started, for wait_for_workers
+    workers: set[str] = field(default_factory=set)
     gateway_url: str = ""
     llm_url: str | None = None
     state_url: str = ""
@@ -175,13 +177,13 @@ class LocalCluster:
         """A worker of one stage's queue, or of several (``-Q init,run``: one pool for them all)."""
         queues = ",".join(s.value for s in ((stage,) if isinstance(stage, Stage) else stage))
         name = name or f"{queues.replace(',', '+')}-{os.getpid()}-{len(self.processes)}"
+        self.workers.add(name)
         return self._spawn(name, [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker",
                                   "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
                                   "--without-gossip", "--without-mingle", "-l", "info"])
 
     def wait_for_workers(self, timeout_s: float = 90) -> None:
-        stages = {s.value for s in Stage}
-        expected = {p.name for p in self.processes if set(p.name.split("-")[0].split("+")) <= stages}
+        expected = {p.name for p in self.processes if p.name in self.workers}
 
         def all_seen() -> bool:
             status = httpx.get(self.gateway_url + "/status", headers=self.auth_headers()).json()

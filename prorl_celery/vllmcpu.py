@@ -89,3 +89,11 @@ def vllm_command(python: str, model: str, port: int | str, max_model_len: int = 
     return [*pinned, python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
             "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
             "--disable-uvicorn-access-log", "--worker-extension-cls", WORKER_EXTENSION_CLS]
+
+
+def vllm_launch_command(python: str, model: str, port: int | str, max_model_len: int = 4096,
+                        cpus: str | None = None) -> list[str]:
+    """:func:`vllm_command` under :func:`vllm_env` (``env -u PYTHONPATH K=V ...``), both on
+    ``cpus``: a command line for :class:`prorl_celery.local.LocalCluster`'s ``llm_command``."""
+    env = [f"{k}={v}" for k, v in vllm_env(cpus=cpus).items()]
+    return ["env", "-u", "PYTHONPATH", *env, *vllm_command(python, model, port, max_model_len, cpus=cpus)]
