@@ -13,15 +13,23 @@
     │   │                                                      address outside the allow-list)
     │   ├── JobNotFound(KeyError)       404 job_not_found
     │   ├── PayloadTooLarge             413 payload_too_large
-    │   └── ServiceStopped              503 service_stopped  (after /stop, until /start, or the
-    │                                                          broker is unreachable)
+    │   ├── ServiceStopped              503 service_stopped  (after /stop, until /start)
+    │   └── ServiceUnavailable          503 service_unavailable (Redis or the broker cannot be
+    │                                                          reached: retry later)
     ├── StageInterrupted                a stage stops early; never answered over HTTP: the stage
     │   │                                 ends the job, whose status tells the client
     │   ├── JobCancelled                the job was cancelled (status cancelled)
     │   └── StageTimeout(TimeoutError)  the job's time budget ran out (status timeout)
     ├── BackendError                    an LLM server failed or answered badly (.status_code: its
     │   │                                 HTTP status); a RUN failure, never a gateway answer
-    │   └── ContextExhausted            the conversation fills the model's context
+    │   └── ContextExhausted            the conversation fills the model's context (the policy's
+    │                                     own doing: outcome agent_error)
+    ├── a stage's failure, raised by a handler or the pipeline to name its class
+    │   (prorl_celery.outcomes.classify):
+    │   ├── AgentFailure                the policy's own failure: the reward stays valid
+    │   ├── EnvironmentFailure          the sandbox, the image or the worker failed
+    │   │   └── RequirementMissing      a module or program the task needs is not installed
+    │   └── EvalUnavailable             the evaluator cannot judge (never a reward of 0)
     └── trainer side (the client and the DAPO collector raise these in the trainer's process)
         ├── PromptsExhausted            the prompt stream ended and nothing is left in flight
         ├── RolloutsFailing             too many rollouts in a row did not complete
@@ -125,6 +133,13 @@ class ServiceStopped(HTTPError):
     http_status = 503
 
 
+class ServiceUnavailable(HTTPError):
+    """Redis or the broker cannot be reached: nothing was accepted, a retry may succeed."""
+
+    code = "service_unavailable"
+    http_status = 503
+
+
 # -- control flow inside a stage -------------------------------------------------------------
 
 class StageInterrupted(ProrlError):
@@ -154,6 +169,38 @@ class ContextExhausted(BackendError):
     """No room is left in the model's context for another turn."""
 
     code = "context_exhausted"
+
+
+# -- a stage's failure, by class (prorl_celery.outcomes) -----------------------------------------
+
+class AgentFailure(ProrlError):
+    """The policy's own failure that ends its rollout (an action the handler cannot carry out):
+    the evaluator still judges what the agent did, and the reward is valid."""
+
+    code = "agent_error"
+
+
+class EnvironmentFailure(ProrlError):
+    """The sandbox, the image, a tool or the worker failed: not the policy's doing."""
+
+    code = "env_error"
+
+
+class RequirementMissing(EnvironmentFailure):
+    """A module or program a task needs is not installed where it runs (``missing`` names it)."""
+
+    code = "requirement_missing"
+
+    def __init__(self, message: str, *, missing: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
+
+
+class EvalUnavailable(ProrlError):
+    """The evaluator cannot judge this rollout (a test runner missing, a report unreadable, a
+    judge down). Raise it rather than return a reward: a failure is never a score."""
+
+    code = "eval_error"
 
 
 # -- trainer side ----------------------------------------------------------------------------
