@@ -18,7 +18,18 @@ Errors::
         ├── RequestRejected                       any other 4xx
         ├── GatewayError                          any other 5xx, or a reply that is not JSON
         ├── GatewayUnavailable(ConnectionError)   no URL answered within the retry budget
-        └── WaitTimeout(TimeoutError)             wait() gave up; the job itself goes on
+        ├── WaitTimeout(TimeoutError)             wait() gave up; the job itself goes on
+        └── RewardInvalid                         a rollout's reward stayed invalid after every
+                                                  resubmission (raised by trainer integrations
+                                                  that cannot drop a sample)
+
+Results: every ended job says how it ended (DESIGN decision 16, :mod:`prorl_celery.outcomes`):
+``outcome``, ``reward_valid``, ``retryable``, ``outcome_stage``, ``detail``, ``attempts``, and a
+``reward`` that is a number only when it is valid. Read them through :class:`RolloutOutcome`
+(``RolloutOutcome.of(result)``) and :func:`reward_of`, the one rule every trainer-side path uses
+(it also reads results of a server from before outcomes, whose reward is valid only when the job
+completed), never through the dict keys. :meth:`AsyncRolloutClient.run_until_valid` resubmits
+rollouts whose reward is not valid, up to a bound.
 
 :class:`RolloutClient` is the blocking facade: it runs one :class:`AsyncRolloutClient` on a
 private event-loop thread, so retries, fail-over and ``as_completed`` exist once.
@@ -33,14 +44,15 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from .errors import BadRequest, HTTPError, JobNotFound, PayloadTooLarge, ProrlError, ServiceStopped, UnknownTask
-from .status import TERMINAL
+from .outcomes import Outcome, of_status
+from .status import TERMINAL, JobStatus
 
 T = TypeVar("T")
 #: most ids one ``POST /jobs/wait`` takes (the gateway's ``api.schemas.MAX_WAIT_IDS``)
@@ -90,6 +102,97 @@ class WaitTimeout(ClientError, TimeoutError):
     def __init__(self, job_id: str, status: str | None) -> None:
         super().__init__(f"job {job_id} has not ended (status {status})")
         self.job_id, self.status = job_id, status
+
+
+class RewardInvalid(ClientError):
+    """A rollout's reward is still not valid after its resubmissions; ``outcome`` and ``detail``
+    are the last attempt's (:class:`RolloutOutcome`)."""
+
+    code = "reward_invalid"
+
+    def __init__(self, message: str, outcome: RolloutOutcome | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+# -- how a job ended ---------------------------------------------------------------------------
+
+def reward_of(result: Mapping[str, Any]) -> float | None:
+    """The reward of an ended job's ``result`` when it measures the policy, else None.
+
+    The one rule of the trainer side: a result that carries ``reward_valid`` says so itself; a
+    result from a server older than outcomes has none, and its reward is valid only when its
+    ``status`` is ``completed``. A valid result without a number is no reward either.
+    """
+    valid = result.get("reward_valid")
+    if valid is None:
+        valid = result.get("status") == "completed"
+    reward = result.get("reward")
+    if not valid or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return None
+    return float(reward)
+
+
+def is_trainable(result: Mapping[str, Any]) -> bool:
+    """May a trainer learn from this result's reward (:func:`reward_of` is not None)?"""
+    return reward_of(result) is not None
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """How one job ended, as a trainer reads it: ``RolloutOutcome.of(result)``.
+
+    ``outcome`` is one of :class:`prorl_celery.outcomes.Outcome`'s values (``ok``,
+    ``agent_error``, ``env_error``, ``backend_error``, ``eval_error``, ``timeout``,
+    ``cancelled``), or None while the job has not ended. For a result from a server older than
+    outcomes it is derived from the status (``failed`` is ``env_error``, or ``eval_error`` when
+    EVAL failed) and ``detail`` is its ``error``.
+    """
+
+    job_id: str | None
+    status: str | None
+    outcome: str | None
+    #: the reward measures the policy (``reward`` is its number)
+    reward_valid: bool
+    #: another attempt may end differently (the failure was outside the policy)
+    retryable: bool
+    reward: float | None = None
+    #: the stage the outcome came from (init, run, eval), when one did
+    stage: str | None = None
+    #: what caused it: the missing module, the backend's status, the signal
+    detail: str | None = None
+    #: the attempts before the last, each ``{attempt, outcome, stage, detail, node}``
+    attempts: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, result: Mapping[str, Any]) -> RolloutOutcome:
+        reward = reward_of(result)
+        status = result.get("status")
+        outcome = result.get("outcome") or _legacy_outcome(result)
+        retryable = result.get("retryable")
+        if retryable is None:
+            retryable = outcome in {o.value for o in Outcome if o.retryable}
+        return cls(job_id=result.get("job_id"), status=status, outcome=outcome, reward_valid=reward is not None,
+                   retryable=bool(retryable), reward=reward,
+                   stage=result.get("outcome_stage", result.get("critical_error")),
+                   detail=result.get("detail") or result.get("error"),
+                   attempts=tuple(result.get("attempts") or ()))
+
+    def describe(self) -> str:
+        """``job <id> ended <outcome> (<stage>): <detail>``, for logs and errors."""
+        where = f" in {self.stage}" if self.stage else ""
+        return f"job {self.job_id} ended {self.outcome}{where}: {self.detail or self.status}"
+
+
+def _legacy_outcome(result: Mapping[str, Any]) -> str | None:
+    """The outcome of a result without one (a server from before outcomes), from its status."""
+    try:
+        status = JobStatus(result.get("status"))
+    except ValueError:
+        return None
+    if not status.terminal:
+        return None
+    return of_status(status, critical=result.get("critical_error")).value
 
 
 def new_job_id(prefix: str = "") -> str:
@@ -391,6 +494,30 @@ class AsyncRolloutClient:
         job_id = await self.submit(instance, timeout_s=timeout_s, **fields)
         return await self.wait(job_id, wait_timeout_s)
 
+    async def run_until_valid(self, requests: Sequence[JobRequest], *, max_resubmits: int = 0,
+                              timeout_s: float | None = None) -> list[list[dict[str, Any]]]:
+        """Run every request, and resubmit each whose reward is not valid (:func:`reward_of`)
+        under the job id ``<job_id>-re<k>`` (the same instance and sampling), up to
+        ``max_resubmits`` times. Returns, per request in order, every result it got: the last
+        one is valid, or the last attempt's when the resubmissions were spent.
+
+        Jobs are submitted with :meth:`submit_many` (ids fixed, so a retried round never runs a
+        job twice); ``timeout_s`` bounds each round's wait (WaitTimeout).
+        """
+        if max_resubmits < 0:
+            raise ValueError(f"max_resubmits must be 0 or more, not {max_resubmits}")
+        history: list[list[dict[str, Any]]] = [[] for _ in requests]
+        pending = list(enumerate(requests))
+        for resubmit in range(1, max_resubmits + 2):
+            results = await self.wait_all(await self.submit_many(r for _, r in pending), timeout_s)
+            for (row, _), result in zip(pending, results, strict=True):
+                history[row].append(result)
+            pending = [(row, replace(requests[row], job_id=f"{requests[row].job_id}-re{resubmit}"))
+                       for (row, _), result in zip(pending, results, strict=True) if not is_trainable(result)]
+            if not pending or resubmit > max_resubmits:
+                break
+        return history
+
     async def cancel(self, job_ids: str | Iterable[str]) -> CancelOutcome:
         """Cancel jobs not yet ended; ended ones are reported with their status."""
         ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
@@ -409,10 +536,22 @@ class AsyncRolloutClient:
         """Forget every backend; returns the new generation. Retried only if never sent."""
         return (await self.request("POST", "/clear_llm_server", idempotent=False)).json()["generation"]
 
+    async def set_policy_version(self, version: int, address: str | None = None) -> dict[str, int]:
+        """Tell the gateway that ``address`` (default: every registered backend) serves policy
+        ``version`` now (``POST /llm_servers/version``, an admin route): every model turn from
+        then on records it. Returns the backends' versions, address -> version. BadRequest when
+        ``address`` is not registered."""
+        body: dict[str, Any] = {"version": version}
+        if address is not None:
+            body["address"] = address
+        return (await self.request("POST", "/llm_servers/version", json=body)).json()["versions"]
+
     async def llm_servers(self) -> dict[str, Any]:
+        """The registered backends (``GET /llm_servers``)."""
         return (await self.request("GET", "/llm_servers")).json()
 
     async def status(self) -> dict[str, Any]:
+        """The service's status (``GET /status``): job counts, workers, backends."""
         return (await self.request("GET", "/status")).json()
 
 
@@ -500,6 +639,12 @@ class RolloutClient:
     def process(self, instance: dict[str, Any], **fields: Any) -> dict[str, Any]:
         return self.run(self.aio.process(instance, **fields))
 
+    def run_until_valid(self, requests: Sequence[JobRequest], *, max_resubmits: int = 0,
+                        timeout_s: float | None = None) -> list[list[dict[str, Any]]]:
+        """:meth:`AsyncRolloutClient.run_until_valid`: every result of every request, resubmitting
+        those whose reward is not valid up to ``max_resubmits`` times."""
+        return self.run(self.aio.run_until_valid(requests, max_resubmits=max_resubmits, timeout_s=timeout_s))
+
     def cancel(self, job_ids: str | Iterable[str]) -> CancelOutcome:
         return self.run(self.aio.cancel(job_ids))
 
@@ -508,6 +653,10 @@ class RolloutClient:
 
     def clear_llm_servers(self) -> int:
         return self.run(self.aio.clear_llm_servers())
+
+    def set_policy_version(self, version: int, address: str | None = None) -> dict[str, int]:
+        """:meth:`AsyncRolloutClient.set_policy_version`: the policy version a backend serves now."""
+        return self.run(self.aio.set_policy_version(version, address))
 
     def llm_servers(self) -> dict[str, Any]:
         return self.run(self.aio.llm_servers())

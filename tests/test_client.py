@@ -21,19 +21,27 @@ from prorl_celery.client import (
     RequestRejected,
     RetryPolicy,
     RolloutClient,
+    RolloutOutcome,
     WaitTimeout,
     distribute_backends,
+    is_trainable,
+    reward_of,
 )
 from prorl_celery.errors import BadRequest, JobNotFound, ProrlError, ServiceStopped, UnknownTask
 from prorl_celery.local import free_port
+from prorl_celery.outcomes import Outcome
 
 LOSE_REPLY = "lose reply"
 FAST = RetryPolicy(attempts=6, backoff_s=0.001, max_backoff_s=0.01, deadline_s=5)
 
 # -- an in-memory gateway ---------------------------------------------------------------------------
 
-#: POST /jobs body -> (final status, reward, seconds until it ends)
+#: POST /jobs body -> (how it ends: a status or an outcome class, reward, seconds until it ends)
 Script = Callable[[dict[str, Any]], tuple[str, float, float]]
+#: the status a scripted outcome class ends in, and the outcome a scripted status stands for
+STATUS_OF = {"ok": "completed", "agent_error": "completed", "env_error": "failed", "backend_error": "failed",
+             "eval_error": "failed", "timeout": "timeout", "cancelled": "cancelled"}
+OUTCOME_OF = {"completed": "ok", "failed": "env_error", "timeout": "timeout", "cancelled": "cancelled"}
 
 
 def default_script(body: dict[str, Any]) -> tuple[str, float, float]:
@@ -52,13 +60,29 @@ class FakeJob:
     timer: asyncio.TimerHandle | None = None
     #: the backend's policy version when the job started (None: never set)
     policy_version: int | None = None
+    outcome: str | None = None
+    #: answer as a server from before outcomes: no outcome fields, the reward a number always
+    legacy: bool = False
 
     def result(self) -> dict[str, Any]:
         instance = self.body["instance"]
         trajectory = None if self.policy_version is None else {"policy_versions": [self.policy_version]}
-        return {"job_id": self.job_id, "status": self.status, "reward": self.reward,
-                "instance_id": instance.get("instance_id"), "trajectory_id": instance.get("trajectory_id"),
-                "generation": self.generation, "critical_error": None, "error": None, "trajectory": trajectory}
+        if instance.get("tokens"):  # a trajectory of that many model tokens
+            n = int(instance["tokens"])
+            trajectory = {**(trajectory or {"policy_versions": []}), "prompt_ids": [1, 2],
+                          "response_ids": list(range(10, 10 + n)), "response_mask": [1] * n,
+                          "response_logprobs": [-0.5] * n}
+        result = {"job_id": self.job_id, "status": self.status, "reward": self.reward,
+                  "instance_id": instance.get("instance_id"), "trajectory_id": instance.get("trajectory_id"),
+                  "generation": self.generation, "critical_error": None, "error": None, "trajectory": trajectory}
+        if self.legacy or self.outcome is None:
+            return result
+        outcome = Outcome(self.outcome)
+        stage = {"env_error": "init", "backend_error": "run", "eval_error": "eval"}.get(outcome.value)
+        return {**result, "outcome": outcome.value, "reward_valid": outcome.reward_valid,
+                "retryable": outcome.retryable, "outcome_stage": stage, "attempts": [],
+                "detail": None if outcome is Outcome.OK else f"scripted {outcome.value}",
+                "reward": self.reward if outcome.reward_valid else None}
 
 
 class FakeGateway:
@@ -66,7 +90,8 @@ class FakeGateway:
 
     ``faults`` is consumed one per request: None serves it, an int answers with that status and a JSON error body,
     an exception class is raised as a transport error, ``LOSE_REPLY`` serves the request and then
-    fails as if the reply were lost. Hosts in ``down`` refuse every connection.
+    fails as if the reply were lost. Hosts in ``down`` refuse every connection. Results carry the
+    outcome fields (``reward`` null when not valid) unless ``legacy``.
     """
 
     def __init__(self, script: Script = default_script) -> None:
@@ -78,6 +103,7 @@ class FakeGateway:
         self.hosts: Counter[str] = Counter()
         self.generation = 0
         self.policy_version: int | None = None
+        self.legacy = False
         self.backends: list[str] = []
         self.transport = httpx.MockTransport(self.handle)
 
@@ -118,6 +144,8 @@ class FakeGateway:
         if path == "/add_llm_server":
             self.backends.append(payload["address"])
             return httpx.Response(200, json={"added": True, "generation": self.generation, **payload})
+        if path == "/llm_servers/version":
+            return self.set_version(payload["version"], payload.get("address"))
         if path == "/clear_llm_server":
             self.generation += 1
             self.backends.clear()
@@ -128,16 +156,27 @@ class FakeGateway:
         job_id = body["job_id"]
         created = job_id not in self.jobs
         if created:
-            job = self.jobs[job_id] = FakeJob(job_id, body, self.generation, policy_version=self.policy_version)
-            status, reward, delay = self.script(body)
+            ending, reward, delay = self.script(body)  # first: a script may change the backends' state
+            job = self.jobs[job_id] = FakeJob(job_id, body, self.generation, policy_version=self.policy_version,
+                                              legacy=self.legacy)
             job.status = "run"
-            job.timer = asyncio.get_running_loop().call_later(delay, self.finish, job, status, reward)
+            job.timer = asyncio.get_running_loop().call_later(delay, self.finish, job, ending, reward)
         return httpx.Response(202, json={"job_id": job_id, "status": self.jobs[job_id].status, "created": created})
 
-    def finish(self, job: FakeJob, status: str, reward: float) -> None:
+    def finish(self, job: FakeJob, ending: str, reward: float) -> None:
+        """End ``job`` as ``ending``: a status (its outcome the status's) or an outcome class."""
         if not job.ended.is_set():
-            job.status, job.reward = status, reward
+            job.status, job.reward = STATUS_OF.get(ending, ending), reward
+            job.outcome = ending if ending in STATUS_OF else OUTCOME_OF[ending]
             job.ended.set()
+
+    def set_version(self, version: int, address: str | None) -> httpx.Response:
+        """``POST /llm_servers/version``: every job created from now on records ``version``."""
+        targets = [b for b in self.backends if address is None or b.rstrip("/") == address.rstrip("/")]
+        if address is not None and not targets:
+            return httpx.Response(400, json={"code": "bad_request", "message": f"{address} is not registered"})
+        self.policy_version = version
+        return httpx.Response(200, json={"versions": {target: version for target in targets}})
 
     async def get(self, job_id: str, wait: float) -> httpx.Response:
         job = self.jobs.get(job_id)
@@ -321,6 +360,68 @@ async def test_submit_many_sends_one_request_per_batch():
     async with fake_client(fake) as client:
         ids = await client.submit_many((JobRequest({"reward": 1}) for _ in range(1201)), batch_size=500)
     assert len(set(ids)) == 1201 and fake.requests["POST /jobs"] == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("legacy", [False, True], ids=["outcomes", "older-server"])
+async def test_the_outcome_says_whether_the_reward_is_one(legacy):
+    fake = FakeGateway()
+    fake.legacy = legacy  # an older server: no reward_valid, a failed job's reward a number (1.0 here)
+    endings = ("ok", "agent_error", "eval_error", "backend_error", "timeout")
+    async with fake_client(fake) as client:
+        ids = await client.submit_many(JobRequest({"status": e, "reward": 1.0}, job_id=e) for e in endings)
+        views = {r["job_id"]: RolloutOutcome.of(r) for r in await client.wait_all(ids)}
+    assert {j: (v.reward_valid, v.reward) for j, v in views.items()} == {
+        "ok": (True, 1.0), "agent_error": (True, 1.0), "eval_error": (False, None),
+        "backend_error": (False, None), "timeout": (False, None)}
+    assert [views[e].retryable for e in endings] == [False, False, True, True, False]
+    if legacy:  # the status alone: a failed job is the environment's, unless EVAL failed
+        assert [views[e].outcome for e in endings] == ["ok", "ok", "env_error", "env_error", "timeout"]
+    else:
+        assert [views[e].outcome for e in endings] == list(endings)
+        assert (views["eval_error"].stage, views["eval_error"].detail) == ("eval", "scripted eval_error")
+        assert views["eval_error"].describe() == "job eval_error ended eval_error in eval: scripted eval_error"
+
+
+def test_reward_of_is_the_one_rule():
+    assert reward_of({"status": "completed", "reward": 0.0}) == 0.0  # an older server's completed job
+    assert reward_of({"status": "failed", "reward": 0.0}) is None  # ... and its failed one
+    assert reward_of({"status": "completed", "reward_valid": False, "reward": None, "score": 0.0}) is None
+    assert reward_of({"status": "failed", "reward_valid": True, "reward": 0.5}) == 0.5  # the server says so
+    assert reward_of({"status": "completed", "reward_valid": True, "reward": None}) is None  # no number, no reward
+    assert not is_trainable({"status": "pending_run"}) and is_trainable({"status": "completed", "reward": 1})
+    assert RolloutOutcome.of({"job_id": "j", "status": "run"}).outcome is None  # not ended yet
+
+
+@pytest.mark.anyio
+async def test_run_until_valid_resubmits_invalid_rewards_up_to_the_bound():
+    def script(body: dict[str, Any]) -> tuple[str, float, float]:
+        first, later = body["instance"]["endings"]
+        return (first if "-re" not in body["job_id"] else later), 1.0, 0.0
+
+    fake = FakeGateway(script)
+    requests = [JobRequest({"endings": endings}, job_id=name) for name, endings in
+                (("steady", ["ok", "ok"]), ("flaky", ["env_error", "ok"]), ("broken", ["eval_error", "backend_error"]),
+                 ("cut", ["timeout", "ok"]))]
+    async with fake_client(fake) as client:
+        runs = await client.run_until_valid(requests, max_resubmits=2)
+        assert [[r["job_id"] for r in run] for run in runs] == [
+            ["steady"], ["flaky", "flaky-re1"], ["broken", "broken-re1", "broken-re2"], ["cut", "cut-re1"]]
+        assert [reward_of(run[-1]) for run in runs] == [1.0, 1.0, None, 1.0]
+        assert fake.jobs["flaky-re1"].body["instance"] == requests[1].instance  # the same rollout again
+        once = await client.run_until_valid([JobRequest({"endings": ["env_error", "ok"]}, job_id="x")])
+        assert [[r["outcome"] for r in run] for run in once] == [["env_error"]]  # no resubmission by default
+
+
+@pytest.mark.anyio
+async def test_set_policy_version_of_registered_backends():
+    fake = FakeGateway()
+    async with fake_client(fake) as client:
+        await client.add_llm_server("http://vllm:8000/v1")
+        assert await client.set_policy_version(0, "http://vllm:8000/v1") == {"http://vllm:8000/v1": 0}
+        assert fake.policy_version == 0 and (await client.process({}))["trajectory"]["policy_versions"] == [0]
+        with pytest.raises(BadRequest, match="not registered"):
+            await client.set_policy_version(1, "http://elsewhere:8000/v1")
 
 
 def test_sync_client_facade_and_backend_distribution():
