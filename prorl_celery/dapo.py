@@ -23,11 +23,16 @@ The trainer calls ``batch = collector.next_batch()`` once per step and gets exac
   versions old is run again, and a completed group waiting for the next batch that holds one
   is dropped as stale.
 
-Rollouts that do not end ``completed`` follow a policy per status: ``on_timeout`` (default
-``"zero"``: the rollout stays in its group with reward 0, as an over-long answer would) and
-``on_failed`` for ``failed`` and externally ``cancelled`` (default ``"drop"``: the group is
-discarded, so infrastructure faults never become a learning signal). ``"retry"`` resubmits the
-rollout under a new job id (``max_retries`` per group, then drop).
+Only a valid reward is a reward (DESIGN decision 16; :func:`prorl_celery.client.reward_of`): a
+rollout whose result says its reward is not valid (outcome ``env_error``, ``backend_error``,
+``eval_error``, ``timeout``, or ``cancelled`` by someone else; from a server older than
+outcomes: any status but ``completed``) is submitted again under a new job id, up to
+``max_resubmits`` times per rollout, and then *dropped*: it is in no group's rewards, no filter
+decision and no batch (``Group.dropped``). A complete group left with fewer than
+``min_group_size`` valid rollouts (default 2) is dropped as ``failed_groups``. ``StepStats``
+counts ``resubmitted`` and ``dropped`` rollouts per outcome class. ``agent_error`` (the policy's
+own failure, judged by the evaluator) is a valid reward and stays. Rollouts the collector
+cancelled itself (early termination, dropped groups) are discarded as before, never resubmitted.
 
 Job ids are made by the collector before submission, so a submit or wait interrupted by a
 gateway restart is resumed by id: nothing runs twice and no result is lost. Each step's
@@ -46,7 +51,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, TypeGuard
 
-from .client import AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient
+from .client import AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient, RolloutOutcome
 from .dapo_types import (
     Batch,
     BusyProbe,
@@ -216,7 +221,7 @@ class AsyncDAPOCollector:
                 break
             group, index, job_id = slot
             # a submission that failed is repeated under its id: the job may exist already
-            job_id = job_id or f"{self.run_id}-{group.key}-{index}-{group.retries}" + (
+            job_id = job_id or f"{self.run_id}-{group.key}-{index}-{group.resubmits.get(index, 0)}" + (
                 f"-r{group.reruns}" if group.reruns else "")
             rollout = Rollout(job_id, group.key, index, self.step)
             group.rollouts[index] = rollout
@@ -326,44 +331,53 @@ class AsyncDAPOCollector:
             stats.discarded += 1
             return None
         stats.completed += 1
+        # an unknown job id (JobNotFound) is a lost rollout: an env_error like a failed job
         result: dict[str, Any] = outcome if isinstance(outcome, dict) else {"status": "failed", "error": str(outcome)}
-        rollout.result, rollout.status = result, result["status"]
+        ending = RolloutOutcome.of(result)
+        rollout.result, rollout.status, rollout.outcome = result, result["status"], ending.outcome
         rollout.generation = result.get("generation")
         rollout.policy_versions = list((result.get("trajectory") or {}).get("policy_versions") or [])
-        self._failures_in_row = 0 if rollout.status == "completed" else self._failures_in_row + 1
+        self._failures_in_row = 0 if ending.reward_valid else self._failures_in_row + 1
         if self._failures_in_row > self.config.failure_limit:
-            raise RolloutsFailing(f"{self._failures_in_row} rollouts in a row ended without completing; "
-                                  f"last: {rollout.job_id} {rollout.status}: {result.get('error')}")
-        if rollout.status == "completed" and self._too_old(rollout):
+            raise RolloutsFailing(f"{self._failures_in_row} rollouts in a row ended without a valid reward; "
+                                  f"last: {ending.describe()}")
+        if ending.reward_valid and self._too_old(rollout):
             stats.stale_rollouts += 1  # produced by weights too far behind: run it again
             group.reruns += 1
             self._pending.appendleft((group.key, rollout.index, None))
             return None
-        if rollout.status == "completed":
-            rollout.reward = float(result.get("reward") or 0.0)
-        elif not self._apply_failure_policy(group, rollout, stats):
-            return None
+        if ending.reward_valid:
+            rollout.reward = ending.reward
+        else:
+            self._resubmit_or_drop(group, rollout, ending, stats)
+        return self._completed(group, stats)
+
+    def _resubmit_or_drop(self, group: Group, rollout: Rollout, ending: RolloutOutcome, stats: StepStats) -> None:
+        """A rollout whose reward is not valid: submitted again while it has resubmissions left,
+        else dropped from its group (counted per outcome class either way)."""
+        kind = ending.outcome or "unknown"
+        done = group.resubmits.get(rollout.index, 0)
+        if done < self.config.max_resubmits:
+            group.resubmits[rollout.index] = done + 1
+            stats.resubmitted[kind] = stats.resubmitted.get(kind, 0) + 1
+            self._pending.appendleft((group.key, rollout.index, None))
+            return
+        log.warning("dropping rollout %s after %d resubmissions: %s", rollout.job_id, done, ending.describe())
+        stats.dropped[kind] = stats.dropped.get(kind, 0) + 1
+        group.dropped[rollout.index] = group.rollouts.pop(rollout.index)
+
+    def _completed(self, group: Group, stats: StepStats) -> Group | None:
+        """The group, once complete and informative; a complete group is forgotten either way."""
         if not group.complete:
             return None
         del self._groups[group.key]
+        if len(group.finished) < self.config.smallest_group:
+            stats.failed_groups += 1  # too few valid rollouts left to compare
+            return None
         if self.config.group_filter(group.rewards):
             return group
         stats.filtered += 1
         return None
-
-    def _apply_failure_policy(self, group: Group, rollout: Rollout, stats: StepStats) -> bool:
-        """True when the rollout stays in its group (with reward 0)."""
-        policy = self.config.on_timeout if rollout.status == "timeout" else self.config.on_failed
-        if policy == "zero":
-            rollout.reward = 0.0
-            return True
-        if policy == "retry" and group.retries < self.config.max_retries:
-            group.retries += 1
-            stats.retried += 1
-            self._pending.appendleft((group.key, rollout.index, None))
-            return False
-        self._drop(group, stats)
-        return False
 
     def _drop(self, group: Group, stats: StepStats) -> None:
         """Forget a group and cancel its rollouts still running."""
@@ -423,7 +437,7 @@ class AsyncDAPOCollector:
             if self.step + 1 - group.first_step > config.max_staleness:
                 continue
             proven = len(group.finished) >= 2 and config.group_filter(group.rewards)
-            progress = len(group.finished) / group.size
+            progress = (len(group.finished) + len(group.dropped)) / group.size
             if proven or progress >= config.carry_min_done:
                 scored.append((not proven, -progress, group.key))
         return {key for _, _, key in sorted(scored)[:limit]}

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .errors import ProrlError
 
-FailurePolicy = Literal["zero", "drop", "retry"]
 #: cumulative backend busy time, in seconds per unit of capacity (a float, or awaitable)
 BusyProbe = Callable[[], "float | Awaitable[float]"]
 
@@ -21,7 +20,7 @@ def not_all_equal(rewards: Sequence[float]) -> bool:
 
 
 class RolloutsFailing(ProrlError):
-    """Too many rollouts in a row ended without completing: the service or a backend is broken."""
+    """Too many rollouts in a row ended without a valid reward: the service or a backend is broken."""
 
     code = "rollouts_failing"
 
@@ -33,9 +32,13 @@ class CollectorConfig:
     #: rollouts kept running in the service (default 2 * B * n)
     max_in_flight: int | None = None
     group_filter: Callable[[Sequence[float]], bool] = not_all_equal
-    on_failed: FailurePolicy = "drop"
-    on_timeout: FailurePolicy = "zero"
-    max_retries: int = 2
+    #: a rollout whose reward is not valid (any outcome but ok and agent_error: the environment,
+    #: the backend or the evaluator failed, it timed out, someone else cancelled it) is submitted
+    #: again under a new job id up to this many times, then dropped from its group
+    max_resubmits: int = 2
+    #: a complete group left with fewer valid rollouts than this after drops is dropped
+    #: (None: 2, or group_size when smaller; group_size: only whole groups are batched)
+    min_group_size: int | None = None
     carry_over: bool = True
     #: a rollout lands in a batch at most this many steps after the step it was submitted in
     max_staleness: int = 1
@@ -47,7 +50,7 @@ class CollectorConfig:
     max_carry_groups: int | None = None
     #: a step returns what it has (fewer than B groups) after this long
     step_timeout_s: float | None = None
-    #: raise RolloutsFailing after this many rollouts in a row did not complete (default 2 N)
+    #: raise RolloutsFailing after this many rollouts in a row had no valid reward (default 2 N)
     max_failures_in_row: int | None = None
     #: the default request: instance + these (see AsyncDAPOCollector.make_request)
     sampling_params: dict[str, Any] = field(default_factory=dict)
@@ -62,6 +65,10 @@ class CollectorConfig:
     def failure_limit(self) -> int:
         return self.max_failures_in_row or 2 * self.in_flight
 
+    @property
+    def smallest_group(self) -> int:
+        return min(self.group_size, 2 if self.min_group_size is None else self.min_group_size)
+
 
 @dataclass
 class Rollout:
@@ -71,7 +78,9 @@ class Rollout:
     #: step the rollout was submitted in
     step: int
     status: str | None = None
-    #: reward used for the group (0.0 for a timeout under "zero")
+    #: how it ended (``prorl_celery.outcomes``: ok, agent_error, env_error, ...)
+    outcome: str | None = None
+    #: its valid reward (``client.reward_of``); None for a rollout whose reward is not valid
     reward: float | None = None
     generation: int | None = None
     #: every policy version that produced a token of it (the trajectory's ``policy_versions``)
@@ -93,13 +102,19 @@ class Group:
     instance: dict[str, Any]
     size: int
     first_step: int
+    #: index -> the rollout of that slot now (a resubmission replaces the one before)
     rollouts: dict[int, Rollout] = field(default_factory=dict)
-    retries: int = 0
-    #: rollouts run again for their policy lag (not failures: max_retries does not count them)
+    #: index -> the last rollout of a slot whose reward stayed invalid after max_resubmits; a
+    #: dropped rollout is in no reward, no variance and no batch
+    dropped: dict[int, Rollout] = field(default_factory=dict)
+    #: index -> how many times that slot was resubmitted for an invalid reward
+    resubmits: dict[int, int] = field(default_factory=dict)
+    #: rollouts run again for their policy lag (not failures: max_resubmits does not count them)
     reruns: int = 0
 
     @property
     def finished(self) -> list[Rollout]:
+        """The rollouts with a valid reward."""
         return [r for r in self.rollouts.values() if r.reward is not None]
 
     @property
@@ -108,10 +123,12 @@ class Group:
 
     @property
     def complete(self) -> bool:
-        return len(self.finished) == self.size
+        """Every slot has a valid reward or was dropped."""
+        return len(self.finished) + len(self.dropped) == self.size
 
     @property
     def ordered(self) -> list[Rollout]:
+        """The group's rollouts by index (in a batch: those with a valid reward, dropped ones left out)."""
         return [self.rollouts[i] for i in sorted(self.rollouts)]
 
 
@@ -119,15 +136,19 @@ class Group:
 class StepStats:
     step: int
     submitted: int = 0
-    #: results received (any status)
+    #: results received (any status or outcome)
     completed: int = 0
     #: rollouts the service confirmed cancelled at the end of the step (or with a dropped group)
     cancelled: int = 0
     #: complete groups dropped by the filter
     filtered: int = 0
-    #: groups dropped for failed rollouts (on_failed/on_timeout "drop", retries spent, rejected)
+    #: groups dropped: a submission the gateway rejected, or fewer than min_group_size valid
+    #: rollouts left after drops
     failed_groups: int = 0
-    retried: int = 0
+    #: outcome class -> rollouts submitted again because their reward was not valid
+    resubmitted: dict[str, int] = field(default_factory=dict)
+    #: outcome class -> rollouts dropped from their group, their resubmissions spent
+    dropped: dict[str, int] = field(default_factory=dict)
     #: complete informative groups dropped for exceeding max_staleness or max_policy_lag
     stale: int = 0
     #: completed rollouts run again because their policy was older than max_policy_lag allows

@@ -14,7 +14,15 @@ import httpx
 import pytest
 
 from prorl_celery.client import AsyncRolloutClient, GatewayUnavailable, RetryPolicy, RolloutClient
-from prorl_celery.dapo import AsyncDAPOCollector, DAPOCollector, PromptsExhausted, RolloutsFailing, not_all_equal
+from prorl_celery.dapo import (
+    AsyncDAPOCollector,
+    DAPOCollector,
+    Group,
+    PromptsExhausted,
+    RolloutsFailing,
+    StepStats,
+    not_all_equal,
+)
 from prorl_celery.local import LocalCluster
 from tests.support.services import rules_file, start_llm_server
 from tests.test_client import FAST, LOSE_REPLY, FakeGateway
@@ -31,14 +39,17 @@ def anyio_backend() -> str:
 
 def scripted(body: dict[str, Any]) -> tuple[str, float, float]:
     """``kind`` easy (all right), hard (all wrong) or mixed (odd rollouts right); per-rollout
-    ``delays`` and ``statuses`` (of the first attempt only: ``-0`` ends the job id)."""
+    ``delays``, and how it ends (a status or an outcome class): ``statuses`` for the first
+    attempt only (``-0`` ends the job id), ``always`` for every attempt. A rollout that does not
+    end ``completed`` gets reward 0.0, as a server before outcomes gave it."""
     instance = body["instance"]
     index = int(instance["trajectory_id"].rsplit("-", 1)[1])
     reward = {"easy": 1.0, "hard": 0.0, "mixed": float(index % 2)}[instance["kind"]]
     delay = instance.get("delays", {}).get(str(index), instance.get("delay", 0.01))
     first_attempt = body["job_id"].endswith("-0")
     status = instance.get("statuses", {}).get(str(index), "completed") if first_attempt else "completed"
-    return status, reward, delay
+    status = instance.get("always", {}).get(str(index), status)
+    return status, reward if status in ("completed", "ok") else 0.0, delay
 
 
 def prompt(kind: str, **fields) -> dict[str, Any]:
@@ -110,37 +121,84 @@ async def test_no_carry_over_beyond_max_staleness():
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("policy", ["zero", "drop", "retry"])
-async def test_failed_rollouts_follow_the_policy(policy):
+@pytest.mark.parametrize("ending", ["env_error", "eval_error", "cancelled", "failed"])  # cancelled by someone else
+async def test_an_invalid_reward_is_resubmitted_never_scored(ending):
     fake = FakeGateway(scripted)
-    prompts = [prompt("easy", instance_id="flaky", statuses={"1": "failed"}), prompt("mixed", instance_id="ok")]
-    dapo = collector(fake, prompts, group_size=2, batch_groups=2, max_in_flight=4, on_failed=policy)
+    # scored 0, flaky's failure would make its all-right group look informative
+    prompts = [prompt("easy", instance_id="flaky", statuses={"1": ending}), prompt("mixed", instance_id="ok")]
+    dapo = collector(fake, prompts, group_size=2, batch_groups=2, max_in_flight=4)
     batch = await dapo.next_batch()
-    by_id = {g.prompt_id: g for g in batch.groups}
-    if policy == "zero":  # the failure counts as a wrong answer: now the easy group is informative
-        assert by_id["flaky"].rewards == [1.0, 0.0] and by_id["flaky"].ordered[1].status == "failed"
-    elif policy == "drop":
-        assert set(by_id) == {"ok"} and batch.stats.failed_groups == 1
-    else:  # retried under a new job id, then all right: not informative
-        assert set(by_id) == {"ok"} and batch.stats.retried == 1 and batch.stats.filtered == 1
-        assert sum(1 for j in fake.jobs if fake.jobs[j].body["instance"]["instance_id"] == "flaky") == 3
+    assert [g.prompt_id for g in batch.groups] == ["ok"] and batch.stats.filtered == 1
+    outcome = "env_error" if ending == "failed" else ending
+    assert batch.stats.resubmitted == {outcome: 1} and batch.stats.dropped == {}
+    flaky = sorted(j for j in fake.jobs if fake.jobs[j].body["instance"]["instance_id"] == "flaky")
+    assert [fake.jobs[j].outcome for j in flaky] == ["ok", outcome, "ok"]  # -0-0, -1-0, then -1-1
+
+
+async def run_out(dapo: AsyncDAPOCollector) -> tuple[list[Group], list[StepStats]]:
+    """Every batch until the prompts are used up: the groups and each step's stats."""
+    groups, stats = [], []
+    async for batch in dapo.batches():
+        groups += batch.groups
+        stats.append(batch.stats)
+    return groups, stats
+
+
+def per_class(stats: list[StepStats], field: str) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for step in stats:
+        for kind, count in getattr(step, field).items():
+            total[kind] = total.get(kind, 0) + count
+    return total
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("legacy", [False, True], ids=["outcomes", "older-server"])
+async def test_rollouts_invalid_after_every_resubmission_are_dropped_from_rewards_and_batches(legacy):
+    fake = FakeGateway(scripted)
+    fake.legacy = legacy  # a server before outcomes: failed jobs have reward 0.0, and no reward_valid
+    prompts = [prompt("easy", instance_id="broken", always={"2": "eval_error"}),
+               prompt("mixed", instance_id="partial", always={"2": "backend_error"})]
+    dapo = collector(fake, prompts, group_size=3, batch_groups=1, max_in_flight=6, max_resubmits=1)
+    groups, stats = await run_out(dapo)
+    # partial keeps its two valid rollouts; broken's two are all right, so not informative: its
+    # invalid third, scored 0, would have made it so
+    (partial,) = groups
+    assert partial.prompt_id == "partial" and partial.rewards == [0.0, 1.0]
+    assert [r.index for r in partial.ordered] == [0, 1] and list(partial.dropped) == [2]
+    assert partial.dropped[2].job_id.endswith("-2-1") and partial.dropped[2].reward is None
+    assert sum(s.filtered for s in stats) == 1 and sum(s.failed_groups for s in stats) == 0
+    classes = {"eval_error": 1, "backend_error": 1} if not legacy else {"env_error": 2}
+    assert per_class(stats, "resubmitted") == per_class(stats, "dropped") == classes
+    assert len(fake.jobs) == 8  # 3 + 3 + one resubmission each
+
+
+@pytest.mark.anyio
+async def test_a_group_left_too_small_is_dropped_and_timeouts_are_resubmitted():
+    fake = FakeGateway(scripted)
+    # index 1 (the right answer) times out once: resubmitted, it completes the group
+    dapo = collector(fake, [prompt("mixed", statuses={"1": "timeout"})], group_size=2, batch_groups=1)
+    batch = await dapo.next_batch()
+    (group,) = batch.groups
+    assert group.rewards == [0.0, 1.0] and group.ordered[1].job_id.endswith("-1-1")
+    assert batch.stats.resubmitted == {"timeout": 1} and group.ordered[1].outcome == "ok"
+    # with no resubmission it is dropped, and one valid rollout is no group (the step ends with
+    # "later", long after)
+    once = collector(fake, [prompt("mixed", instance_id="cut", statuses={"1": "timeout"}),
+                            prompt("mixed", instance_id="later", delay=0.3)],
+                     group_size=2, batch_groups=1, max_resubmits=0)
+    batch = await once.next_batch()
+    assert [g.prompt_id for g in batch.groups] == ["later"]
+    assert batch.stats.failed_groups == 1 and batch.stats.dropped == {"timeout": 1} and not batch.stats.resubmitted
 
 
 @pytest.mark.anyio
 async def test_a_broken_service_raises_instead_of_spinning():
     fake = FakeGateway(scripted)
-    endless = itertools.repeat(prompt("mixed", statuses={"0": "failed", "1": "failed"}))
+    endless = itertools.repeat(prompt("mixed", always={"0": "failed", "1": "backend_error"}))
     dapo = collector(fake, endless, group_size=2, batch_groups=1, max_in_flight=4, max_failures_in_row=6)
-    with pytest.raises(RolloutsFailing, match="7 rollouts in a row"):
+    with pytest.raises(RolloutsFailing, match="7 rollouts in a row ended without a valid reward; last: job .* ended"):
         await dapo.next_batch()
-
-
-@pytest.mark.anyio
-async def test_timeouts_count_as_wrong_by_default():
-    fake = FakeGateway(scripted)
-    dapo = collector(fake, [prompt("easy", statuses={"0": "timeout"})], group_size=2, batch_groups=1)
-    (group,) = (await dapo.next_batch()).groups
-    assert group.rewards == [0.0, 1.0] and [r.status for r in group.ordered] == ["timeout", "completed"]
 
 
 @pytest.mark.anyio
