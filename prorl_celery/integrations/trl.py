@@ -24,11 +24,31 @@ Rows: a prompt can be a job instance itself (a dict or its JSON), or the ``promp
 row given as ``rows`` (any task family; verl-style rows with ``data_source``, ``prompt``,
 ``reward_model`` as they come): the row is then the job's instance.
 
+Rewards that are not valid (DESIGN decision 16): a job whose result says its reward does not
+measure the policy (outcome ``env_error``, ``backend_error``, ``eval_error``, ``timeout`` or
+``cancelled``; :func:`prorl_celery.client.reward_of`) is never handed to TRL as a reward.
+``on_invalid`` chooses what happens to it:
+
+- ``"resubmit"`` (the default): the rollout is run again (same instance and sampling, a new job
+  id) up to ``max_resubmits`` times; one still invalid after that is dropped as below;
+- ``"drop"``: the row is dropped at once.
+
+TRL needs one row per prompt it passed (its groups have a fixed size), so a dropped row stays as
+a placeholder: one masked-out token (``env_mask`` 0) and ``service_reward`` None. TRL (1.16)
+leaves a row every reward function scored None out of its group's mean and standard deviation
+and gives it advantage 0 (``unscorable_mask`` in ``GRPOTrainer._generate_and_score_completions``):
+the row is dropped in effect. Other reward functions must return None for such rows too (each
+receives the ``reward_valid`` and ``outcome`` columns), or TRL scores the placeholder. A call in
+which not one row has a valid reward raises :class:`prorl_celery.client.RewardInvalid` naming the
+outcomes: the service is broken, and a step of placeholders would train on nothing in silence.
+
 Weights: before the rollouts of a new optimizer step, the trainer's model is saved
 (``save_pretrained``, safetensors) under ``weights_dir`` and loaded into every vLLM server with
 :class:`prorl_celery.weights.VLLMWeightSync` (pause in ``keep`` mode, reload, versions, resume):
 the policy version is TRL's ``global_step``, so every rollout says which policy made it
-(``policy_versions`` reaches the reward functions).
+(``policy_versions`` reaches the reward functions). Before the first rollouts, the gateway is
+told that ``servers`` hold ``initial_step`` (``POST /llm_servers/version``), so the first step's
+turns record version 0 too.
 
 Paths: ``path="token"`` (the default) hands TRL the service's ids. ``path="text"`` is for
 comparison experiments: it builds what a trainer that receives text would train on (the
@@ -38,17 +58,18 @@ ids, of another length).
 """
 from __future__ import annotations
 
-import asyncio
 import difflib
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..client import AsyncRolloutClient, JobRequest, LoopThread, new_job_id
+from ..client import AsyncRolloutClient, JobRequest, LoopThread, RewardInvalid, RolloutOutcome, new_job_id, reward_of
+from ..errors import BadRequest
 
 if TYPE_CHECKING:
     from ..weights import VLLMWeightSync
@@ -65,7 +86,12 @@ class StepTiming:
     rollout_s: float
     weight_sync_s: float = 0.0
     policy_version: int = 0
+    #: rows handed to TRL without a valid reward (placeholders, dropped in effect)
     failed: int = 0
+    #: rollouts run again because their reward was not valid
+    resubmitted: int = 0
+    #: outcome class -> results whose reward was not valid (resubmitted or dropped)
+    invalid: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,10 +137,18 @@ class ProrlRollout:
     #: sample the same rollouts from the same weights (e.g. the two paths compared), while the
     #: rollouts of a group still differ. None: the server's own randomness
     seed: int | None = None
+    #: a rollout whose reward is not valid: "resubmit" (up to max_resubmits, then drop) or
+    #: "drop" (module docstring)
+    on_invalid: str = "resubmit"
+    max_resubmits: int = 2
+    #: replaces the network (an ``httpx.AsyncBaseTransport``; tests)
+    transport: Any = None
 
     def __post_init__(self) -> None:
         if self.path not in ("token", "text"):
             raise ValueError(f"ProrlRollout: path must be 'token' or 'text', not {self.path!r}")
+        if self.on_invalid not in ("resubmit", "drop"):
+            raise ValueError(f"ProrlRollout: on_invalid must be 'resubmit' or 'drop', not {self.on_invalid!r}")
         if self.path == "text" and self.text_tokenizer is None:
             raise ValueError("ProrlRollout: path='text' needs text_tokenizer= (a ChatTokenizer)")
         self._by_prompt: dict[str, dict[str, Any]] = {}
@@ -124,6 +158,7 @@ class ProrlRollout:
                 raise ValueError(f"a row given to ProrlRollout has no 'prompt' column: {sorted(row)}")
             self._by_prompt.setdefault(_key(row["prompt"]), row)
         self._synced_step = self.initial_step
+        self._announced = False  # the gateway knows which step the servers hold
         self._loop = LoopThread("prorl-trl")
         self._saved: list[Path] = []
         self._sync: VLLMWeightSync | None = None  # made on the first push
@@ -131,15 +166,27 @@ class ProrlRollout:
     # -- TRL's side --------------------------------------------------------------------------
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        """TRL's rollout_func: one row per prompt (module docstring); raises RewardInvalid when
+        not one row has a valid reward."""
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        if self.servers and not self._announced:
+            self.announce_version(step)
         sync_s = self.sync_weights(trainer, step) if self.servers else 0.0
         started = time.monotonic()
-        results = self._loop.run(self._run(prompts, self._sampling_params(trainer), step))
+        runs = self._loop.run(self._run(prompts, self._sampling_params(trainer), step))
+        results = [run[-1] for run in runs]
+        invalid = Counter(RolloutOutcome.of(r).outcome or "unknown"
+                          for run in runs for r in run if reward_of(r) is None)
+        dropped = [r for r in results if reward_of(r) is None]
         timing = StepTiming(step, len(results), time.monotonic() - started, sync_s, self._synced_step,
-                            sum(r.get("status") != "completed" for r in results))
+                            failed=len(dropped), resubmitted=sum(len(run) - 1 for run in runs), invalid=dict(invalid))
         self.timings.append(timing)
         if self.keep_results:
             self.results = results
+        if dropped and len(dropped) == len(results):
+            last = RolloutOutcome.of(dropped[-1])
+            raise RewardInvalid(f"ProrlRollout: not one of {len(results)} rollouts has a valid reward (step {step}; "
+                                f"outcomes {dict(invalid)}); last: {last.describe()}", last)
         out = self.to_trl(results, eos_id=_eos_id(trainer))
         if self.path == "text":
             stats = self.to_text_path(out, results, self.text_tokenizer, self.text_tools)
@@ -175,9 +222,21 @@ class ProrlRollout:
             params["max_tokens"] = int(max_completion_length)
         return params
 
-    async def _run(self, prompts: list[Any], sampling_params: dict[str, Any], step: int = 0) -> list[dict[str, Any]]:
-        # TRL repeats each prompt num_generations times in a row: one group per run of equal
-        # prompts (one POST /jobs with num_samples), all groups submitted at once
+    def _client(self) -> AsyncRolloutClient:
+        return AsyncRolloutClient(self.gateway_url, token=self.token, transport=self.transport)
+
+    async def _run(self, prompts: list[Any], sampling_params: dict[str, Any],
+                   step: int = 0) -> list[list[dict[str, Any]]]:
+        """Every result of each prompt's rollout, in order (the last is the one TRL gets)."""
+        resubmits = self.max_resubmits if self.on_invalid == "resubmit" else 0
+        async with self._client() as client:
+            return await client.run_until_valid(self.requests(prompts, sampling_params, step),
+                                                max_resubmits=resubmits, timeout_s=self.wait_timeout_s)
+
+    def requests(self, prompts: list[Any], sampling_params: dict[str, Any], step: int = 0) -> list[JobRequest]:
+        """One job per prompt. TRL repeats each prompt num_generations times in a row: a run of
+        equal prompts is one group, its jobs as ``POST /jobs`` with ``num_samples`` makes them
+        (ids ``<group>-<i>``, ``trajectory_id`` ``i``), each with its own seed when ``seed`` is set."""
         groups: list[tuple[dict[str, Any], int]] = []
         last = object()
         for prompt in prompts:
@@ -187,44 +246,41 @@ class ProrlRollout:
             else:
                 groups.append((self.instance(prompt), 1))
             last = key
-        async with AsyncRolloutClient(self.gateway_url, token=self.token) as client:
-            if self.seed is not None:  # a group's jobs as POST /jobs makes them, each with its own seed
-                requests, row = [], 0
-                for instance, n in groups:
-                    group_id = new_job_id("trl-")
-                    for i in range(n):
-                        seed = (self.seed * 1_000_003 + step * 10_007 + row) % 2 ** 31
-                        requests.append(JobRequest({**instance, "trajectory_id": i}, {**sampling_params, "seed": seed},
-                                                   f"{group_id}-{i}", self.task, self.timeout_s))
-                        row += 1
-                return await client.wait_all(await client.submit_many(requests), self.wait_timeout_s)
-            id_lists = await asyncio.gather(*(
-                client.submit_group(instance, n, sampling_params=sampling_params, group_id=new_job_id("trl-"),
-                                    task=self.task, timeout_s=self.timeout_s)
-                for instance, n in groups))
-            ids = [job_id for group in id_lists for job_id in group]
-            return await client.wait_all(ids, self.wait_timeout_s)
+        requests: list[JobRequest] = []
+        for instance, n in groups:
+            group_id, own = new_job_id("trl-"), instance.get("trajectory_id")
+            for i in range(n):
+                params = dict(sampling_params)
+                if self.seed is not None:
+                    params["seed"] = (self.seed * 1_000_003 + step * 10_007 + len(requests)) % 2 ** 31
+                trajectory_id = i if own is None else f"{own}-{i}"
+                requests.append(JobRequest({**instance, "trajectory_id": trajectory_id}, params, f"{group_id}-{i}",
+                                           self.task, self.timeout_s))
+        return requests
 
     @staticmethod
     def to_trl(results: list[dict[str, Any]], eos_id: int = 0) -> dict[str, Any]:
         """TRL's rollout_func output from the service's results (one row each, in order).
 
-        A job that ended without a trajectory gives a one-token completion masked out
-        (``env_mask`` 0) and reward None (TRL leaves a row every reward function scored None out
-        of the group's baseline)."""
+        A job whose reward is not valid (:func:`prorl_celery.client.reward_of`), or that ended
+        without a trajectory, gives a one-token completion masked out (``env_mask`` 0),
+        ``service_reward`` None and ``reward_valid`` False: TRL leaves a row every reward function
+        scored None out of the group's baseline, with advantage 0 (module docstring)."""
         out: dict[str, Any] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                "service_reward", "policy_versions", "job_id", "status",
-                                                "num_turns")}
+                                                "service_reward", "reward_valid", "outcome", "policy_versions",
+                                                "job_id", "status", "num_turns")}
         for result in results:
             trajectory = result.get("trajectory") or {}
             response = list(trajectory.get("response_ids") or [])
-            ok = result.get("status") == "completed" and bool(response)
+            reward = reward_of(result)
+            ok = reward is not None and bool(response)
             out["prompt_ids"].append(list(trajectory.get("prompt_ids") or [eos_id]))
             out["completion_ids"].append(response if ok else [eos_id])
             out["logprobs"].append([float(x) for x in trajectory["response_logprobs"]] if ok else [0.0])
             out["env_mask"].append([int(m) for m in trajectory["response_mask"]] if ok else [0])
-            reward = result.get("reward", result.get("score"))
-            out["service_reward"].append(float(reward) if ok and reward is not None else None)
+            out["service_reward"].append(reward if ok else None)
+            out["reward_valid"].append(ok)
+            out["outcome"].append(RolloutOutcome.of(result).outcome)
             out["policy_versions"].append(trajectory.get("policy_versions"))
             out["job_id"].append(result.get("job_id"))
             out["status"].append(result.get("status"))
@@ -240,7 +296,7 @@ class ProrlRollout:
         drift of the batch (:func:`drift`)."""
         paths: list[tuple[list[int], list[int], TextPath]] = []
         for row, result in enumerate(results):
-            if out["status"][row] != "completed" or not any(out["env_mask"][row]):  # a failed job's placeholder
+            if not out["reward_valid"][row] or not any(out["env_mask"][row]):  # a dropped row's placeholder
                 continue
             token_ids = out["prompt_ids"][row] + out["completion_ids"][row]
             token_mask = [0] * len(out["prompt_ids"][row]) + out["env_mask"][row]
@@ -254,6 +310,25 @@ class ProrlRollout:
         return drift(paths)
 
     # -- weights -------------------------------------------------------------------------------
+
+    def announce_version(self, step: int) -> None:
+        """Before the first rollouts: tell the gateway that ``servers`` hold ``initial_step``
+        (TRL's step 0: the weights they were started on), so every turn records that version.
+        When training starts at a later step, :meth:`sync_weights` pushes weights and sets it."""
+        self._announced = True
+        if step != self._synced_step:
+            return
+
+        async def announce() -> None:
+            async with self._client() as client:
+                for address in self.servers:
+                    try:
+                        await client.set_policy_version(self._synced_step, address)
+                    except BadRequest as error:
+                        raise BadRequest(f"ProrlRollout: register servers= with the gateway (add_llm_server) "
+                                         f"before training: {error.message}") from error
+
+        self._loop.run(announce())
 
     def sync_weights(self, trainer: Any, step: int) -> float:
         """Push the trainer's weights to ``servers`` as policy version ``step``, when the servers
@@ -376,8 +451,8 @@ def drift(paths: Iterable[tuple[list[int], list[int], TextPath]]) -> dict[str, f
 
 def service_reward(completions: list[Any] | None = None, service_reward: list[float | None] | None = None,
                    **_: Any) -> list[float | None]:
-    """TRL reward function: the reward the service's EVAL gave each rollout (None for a failed
-    job, which TRL leaves out of the group baseline)."""
+    """TRL reward function: the reward the service's EVAL gave each rollout (None for a row whose
+    reward is not valid, which TRL leaves out of the group baseline with advantage 0)."""
     return list(service_reward or [None] * len(completions or ()))
 
 
