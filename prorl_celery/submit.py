@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from .client import JobRequest, RolloutClient
+from .client import JobRequest, RolloutClient, RolloutOutcome, reward_of
 
 
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -50,14 +50,14 @@ def job_requests(path: Path, task: str, samples: int, sampling: dict[str, Any],
 def submit_file(client: RolloutClient, requests: list[JobRequest], out: TextIO) -> list[dict[str, Any]]:
     """Submit every job, write each result as one JSONL line as it completes, return them."""
     ids = client.submit_many(requests)
-    results, failed = [], 0
+    results, invalid = [], 0
     with tqdm(total=len(ids), desc="rollouts", unit="job") as progress:
         for result in client.as_completed(ids):
             results.append(result)
-            failed += result["status"] != "completed"
+            invalid += reward_of(result) is None
             out.write(json.dumps(result) + "\n")
             progress.update(1)
-            progress.set_postfix(failed=failed, in_flight=len(ids) - len(results))
+            progress.set_postfix(no_reward=invalid, in_flight=len(ids) - len(results))
     return results
 
 
@@ -67,11 +67,16 @@ def summary(results: list[dict[str, Any]]) -> str:
     mean = lambda values: statistics.fmean(values) if values else 0.0  # noqa: E731
     trajectories = [r.get("trajectory") or {} for r in results]
     statuses: dict[str, int] = {}
+    outcomes: dict[str, int] = {}
     for result in results:
         statuses[result["status"]] = statuses.get(result["status"], 0) + 1
+        outcome = RolloutOutcome.of(result).outcome or result["status"]
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    rewards = [reward for reward in map(reward_of, results) if reward is not None]
     lines = [
         f"jobs        {len(results)}  ({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))})",
-        f"reward      mean {mean([r['reward'] for r in results]):.3f}",
+        f"outcomes    {', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))}",
+        f"reward      mean {mean(rewards):.3f} over the {len(rewards)} valid",
         f"turns       mean {mean([t.get('num_turns', 0) for t in trajectories]):.2f}",
         f"tokens      mean {mean([len(t.get('response_mask', [])) for t in trajectories]):.1f} response, "
         f"{mean([sum(t.get('response_mask', [])) for t in trajectories]):.1f} generated",
