@@ -3,9 +3,11 @@
 Like httpx's ``map_exceptions``, the mapping is one table read in one place (``answer``):
 
 - an ``HTTPError`` (``prorl_celery.errors``) is answered with its own code and status;
-- an error of a library the views use that means "the request is wrong" is first turned into
-  the ``HTTPError`` it stands for (``MAPPED``: pydantic's validation errors, werkzeug's body
-  limit);
+- an error of a library the views use that the client can act on is first turned into the
+  ``HTTPError`` it stands for (``MAPPED``): "the request is wrong" (pydantic's validation
+  errors, werkzeug's body limit), or "retry later" (redis-py's connection and timeout errors,
+  kombu's ``OperationalError``: Redis or the broker cannot be reached, ``503
+  service_unavailable``, which the trainer client retries);
 - werkzeug's other HTTP exceptions (unknown route, wrong method) keep their status, with their
   name as the code;
 - anything else is a bug in the gateway (the internal trees, ``StageInterrupted`` and
@@ -17,11 +19,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from flask import Flask, Response, jsonify
+from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from prorl_celery.errors import BadRequest, HTTPError, PayloadTooLarge
+from prorl_celery.errors import BadRequest, HTTPError, PayloadTooLarge, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +39,21 @@ def validation_message(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-#: library errors that are the client's fault, and the HTTPError each is answered as
+def unavailable(what: str) -> Callable[[Exception], HTTPError]:
+    """``what`` cannot be reached: nothing was done, a retry may succeed (the error's text says
+    which server and why; never a password, which redis-py leaves out of it)."""
+    return lambda error: ServiceUnavailable(f"{what} cannot be reached, retry later: "
+                                            f"{type(error).__name__}: {error}")
+
+
+#: library errors a client can act on, and the HTTPError each is answered as
 MAPPED: dict[type[Exception], Callable[[Any], HTTPError]] = {
     ValidationError: lambda error: BadRequest(validation_message(error)),
     RequestEntityTooLarge: lambda error: PayloadTooLarge(error.description),
+    # a restart, a failover or a network cut; redis-py raises these after its own retries
+    redis.ConnectionError: unavailable("Redis"),
+    redis.TimeoutError: unavailable("Redis"),
+    OperationalError: unavailable("the broker"),  # kombu's (Celery's) error for a lost broker
 }
 
 
@@ -55,6 +70,8 @@ def to_http_error(error: Exception) -> HTTPError | None:
 def answer(error: Exception) -> tuple[Response, int]:
     http_error = to_http_error(error)
     if http_error is not None:
+        if isinstance(http_error, ServiceUnavailable):  # an outage the operator should see
+            log.warning("answering 503: %s", http_error.message)
         return jsonify(http_error.to_dict()), http_error.http_status
     if isinstance(error, HTTPException) and error.code is not None:
         code = (error.name or "error").lower().replace(" ", "_")

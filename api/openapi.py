@@ -19,7 +19,8 @@ def _reply(description: str) -> dict[str, Any]:
 
 
 ERRORS = {"400": _reply("bad request: {code, message}"), "413": _reply("body over PRORL_MAX_REQUEST_BYTES"),
-          "503": _reply("service stopped or broker down")}
+          "503": _reply("service_stopped (after /stop), or service_unavailable (Redis or the broker "
+                        "cannot be reached: retry later)")}
 #: the schemes ``auth`` enforces when tokens are configured (nothing is enforced while neither is set)
 SECURITY_SCHEMES = {
     "jobToken": {"type": "http", "scheme": "bearer", "description": "PRORL_API_TOKEN"},

@@ -50,7 +50,16 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import BadRequest, HTTPError, JobNotFound, PayloadTooLarge, ProrlError, ServiceStopped, UnknownTask
+from .errors import (
+    BadRequest,
+    HTTPError,
+    JobNotFound,
+    PayloadTooLarge,
+    ProrlError,
+    ServiceStopped,
+    ServiceUnavailable,
+    UnknownTask,
+)
 from .outcomes import Outcome, of_status
 from .status import TERMINAL, JobStatus
 
@@ -65,7 +74,8 @@ TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL)
 RETRY_STATUSES = frozenset({502, 503, 504})
 #: gateway error codes raised as the project's own classes
 SERVER_ERRORS: dict[str, type[HTTPError]] = {
-    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, PayloadTooLarge, ServiceStopped)}
+    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, PayloadTooLarge, ServiceStopped,
+                              ServiceUnavailable)}
 
 
 class ClientError(ProrlError):

@@ -14,7 +14,10 @@ own: the leader is a request's own thread, or greenlet under gunicorn's gevent w
 ``threading`` is monkey-patched, so the lock and events below are cooperative).
 
 A failed submit fails exactly the requests of its batch, each with the error itself (a stopped
-service, an unreachable broker: ``ServiceStopped``, 503). Requests are checked (``prepare``)
+service: ``ServiceStopped``; an unreachable broker: ``ServiceUnavailable``; an unreachable Redis:
+redis-py's ``ConnectionError``, which the gateway answers as the same 503 service_unavailable),
+each request raising its own copy of it: one exception object raised in many threads or
+greenlets would grow one traceback out of all of theirs. Requests are checked (``prepare``)
 before they are queued, so one request's bad input never reaches a batch.
 
 The same grouping serves the gateway's own reads of job records (``Services.records``: a
@@ -23,6 +26,7 @@ listener could not read for it), concurrent ones in one pipeline.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -97,9 +101,9 @@ class GroupCommit(Generic[Spec, Result]):
             results = self._submit(specs)
             if len(results) != len(specs):
                 raise RuntimeError(f"submit returned {len(results)} results for {len(specs)} jobs")
-        except BaseException as error:  # every caller of the batch raises it
-            for ticket in batch:
-                ticket.error = error
+        except BaseException as error:  # every caller of the batch raises it (its own copy)
+            for index, ticket in enumerate(batch):
+                ticket.error = error if index == 0 else _copy_of(error)
         else:
             start = 0
             for ticket in batch:
@@ -134,3 +138,17 @@ class GroupCommit(Generic[Spec, Result]):
             successor = self._hand_over() if ticket.lead else None
         if successor is not None:
             successor.done.set()
+
+
+def _copy_of(error: BaseException) -> BaseException:
+    """A copy of ``error`` for another caller to raise (its class, message and cause), or
+    ``error`` itself when it cannot be copied."""
+    try:
+        twin = copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception class that cannot be rebuilt from its args
+        return error
+    if type(twin) is not type(error):
+        return error
+    twin.__cause__, twin.__context__ = error.__cause__, error.__context__
+    twin.__suppress_context__ = error.__suppress_context__
+    return twin

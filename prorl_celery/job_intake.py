@@ -11,10 +11,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from handlers import JobContext, get_handler
 
 from .celery_app import Message, pack_messages, publish
-from .errors import BadRequest, ServiceStopped
+from .errors import BadRequest, ServiceUnavailable
 from .sampling import UnresolvedTokenizer, resolve_tokenizer, split
 from .settings import Settings, get_settings
 from .status import JobStatus, Stage
@@ -97,17 +99,30 @@ def submit(store: JobStore, specs: list[JobSpec], *, celery: Celery | None = Non
     """Create every job (one round trip) and enqueue INIT for the new ones (through ``celery``,
     default the environment's app) over one producer, in messages of up to ``batch`` jobs of one
     task whose handler allows it (default ``PRORL_STAGE_BATCH``). A broker that cannot be
-    reached fails those jobs at once (never pending forever) and raises ServiceStopped."""
+    reached (after ``enqueue``'s retries) fails those jobs at once (never pending forever) and
+    raises ServiceUnavailable (503: retry later). A Redis that cannot be reached raises
+    redis-py's own error, which the gateway answers as the same 503."""
     outcomes = store.create_many([(spec.job_id, spec.record()) for spec in specs])
     submitted = [Submitted(spec.job_id, created, status) for spec, (created, status) in zip(specs, outcomes)]
     new = [spec for spec, (created, _) in zip(specs, outcomes) if created]
     try:
         publish(init_messages(new, get_settings().stage_batch if batch is None else batch), celery=celery)
     except Exception as error:  # broker down: do not leave these jobs pending forever
-        for stranded in new:  # any already published fails too: its INIT is then a no-op
-            store.finish(stranded.job_id, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
-        raise ServiceStopped(f"the broker is unreachable: {error}") from error
+        fail_stranded(store, new, error)
+        raise ServiceUnavailable(f"the broker is unreachable, retry later: {error}") from error
     return submitted
+
+
+def fail_stranded(store: JobStore, specs: list[JobSpec], error: Exception) -> None:
+    """Fail the new jobs whose INIT could not be published (any that was published fails too:
+    its INIT is then a no-op), saying why. With Redis down as well nothing can be written: those
+    jobs stay ``pending_init``, and the reaper publishes their INIT once both are back
+    (``leases.republish_lost``)."""
+    for stranded in specs:
+        try:
+            store.finish(stranded.job_id, JobStatus.FAILED, {"error": f"could not enqueue: {error}"})
+        except redis.RedisError:
+            return
 
 
 def init_messages(specs: list[JobSpec], batch: int) -> list[Message]:

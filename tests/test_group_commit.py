@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from prorl_celery import celery_app, keys
+from prorl_celery.errors import ServiceUnavailable
 from prorl_celery.group_commit import GroupCommit, _Ticket
 from prorl_celery.local import free_port, wait_until
 from tests.support.app import close_app, make_app
@@ -64,6 +65,18 @@ def test_a_failed_submit_fails_exactly_its_own_batch():
     assert outcomes[0] == ["done a"]
     assert all(isinstance(o, ConnectionError) and str(o) == "broker down" for o in outcomes[1:]), outcomes
     assert held.batcher.submit(["e"]) == ["done e"]  # the lead lapsed, the next call submits at once
+
+
+def test_each_caller_of_a_failed_batch_raises_its_own_copy_of_the_error():
+    # one object raised in several threads would grow one traceback out of all of theirs
+    cause = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    error = ServiceUnavailable("the broker is unreachable, retry later")
+    error.__cause__ = cause
+    held = Held(queued=3, fail=error)
+    failed = run_all(held.batcher, [["a"], ["b"], ["c"], ["d"]])[1:]
+    assert all(type(o) is ServiceUnavailable and o.to_dict() == error.to_dict() and o.__cause__ is cause
+               for o in failed), failed
+    assert len({id(o) for o in failed}) == 3
 
 
 def test_a_batch_holds_at_most_max_batch_jobs_but_never_splits_a_caller():
@@ -217,7 +230,7 @@ def test_an_unreachable_broker_fails_every_request_of_the_batch_with_503(cluster
         sizes = hold_first_batch(app, queued=4)
         replies = post_all(app, [{"instance": fault(1.0), "job_id": f"stranded-{i}"} for i in range(5)])
         assert sizes == [1, 4]
-        assert [(r.status_code, r.json["code"]) for r in replies] == [(503, "service_stopped")] * 5
+        assert [(r.status_code, r.json["code"]) for r in replies] == [(503, "service_unavailable")] * 5
         assert all("broker is unreachable" in r.json["message"] for r in replies)
         store = app.extensions["prorl"].store
         assert {store.load(f"stranded-{i}").status.value for i in range(5)} == {"failed"}  # not pending forever
