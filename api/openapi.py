@@ -5,7 +5,14 @@ from functools import lru_cache
 from typing import Any
 
 from .auth import ADMIN, OPEN
-from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest, WaitRequest
+from .schemas import (
+    AddServerRequest,
+    CancelRequest,
+    ClearServerRequest,
+    ProcessRequest,
+    SetVersionRequest,
+    WaitRequest,
+)
 
 _JSON = "application/json"
 
@@ -40,7 +47,8 @@ def _security(path: str) -> list[dict[str, list[str]]]:
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
-    for model in (ProcessRequest, CancelRequest, AddServerRequest, SetVersionRequest, WaitRequest):
+    for model in (ProcessRequest, CancelRequest, AddServerRequest, ClearServerRequest, SetVersionRequest,
+                  WaitRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -72,8 +80,12 @@ def openapi_document() -> dict[str, Any]:
                                   "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
                           **ERRORS}}},
         "/cancel": post("cancel jobs", "CancelRequest", "which jobs were cancelled"),
-        "/add_llm_server": post("register an LLM backend", "AddServerRequest", "registered"),
-        "/clear_llm_server": {"post": {"summary": "forget every backend", "responses": {"200": _reply("generation")}}},
+        "/add_llm_server": post("register an LLM backend (probed: one that does not answer is added unhealthy, "
+                                "out of routing until it does)", "AddServerRequest",
+                                "registered: {address, type, added, generation, version, healthy, since, detail}"),
+        "/clear_llm_server": {"post": {"summary": "forget one backend (address), or every one (no body)",
+                                       "requestBody": {**_body("ClearServerRequest"), "required": False},
+                                       "responses": {"200": _reply("{generation, removed?}"), **ERRORS}}},
         "/llm_servers": get("registered backends"),
         "/llm_servers/version": post("set the policy version a backend (default: every one) serves",
                                      "SetVersionRequest", "the backends set"),

@@ -10,12 +10,20 @@ from pydantic import BaseModel, TypeAdapter
 from prorl_celery import job_intake
 from prorl_celery.errors import BadRequest, Forbidden, JobNotFound
 from prorl_celery.job_intake import JobSpec
+from prorl_celery.llm.pool import probe
 from prorl_celery.results import build_result, pending_result, results_as_they_end
 from prorl_celery.store import JobRecord, decode_record
 from prorl_celery.waiting import RecordWait
 
 from .extension import app_services
-from .schemas import AddServerRequest, CancelRequest, ProcessRequest, SetVersionRequest, WaitRequest
+from .schemas import (
+    AddServerRequest,
+    CancelRequest,
+    ClearServerRequest,
+    ProcessRequest,
+    SetVersionRequest,
+    WaitRequest,
+)
 
 bp = Blueprint("jobs", __name__)
 #: most job requests one POST /jobs may carry (each may be a group of num_samples)
@@ -162,11 +170,18 @@ def cancel():
 
 @bp.post("/add_llm_server")
 def add_llm_server():
+    """Register a backend, probed first: one that does not answer is still added (a v1 trainer
+    may register servers that are still starting) but out of routing until it does."""
     body = parse(AddServerRequest)
-    check_allowed_backend(body.address.host or "", app_services().settings.backend_allowlist)
-    added, generation = app_services().pool.add(body.normalized_address, body.type, body.version)
-    return jsonify({"address": body.normalized_address, "type": body.type, "added": added,
-                    "generation": generation, "version": app_services().pool.version(body.normalized_address)})
+    services = app_services()
+    check_allowed_backend(body.address.host or "", services.settings.backend_allowlist)
+    address, pool = body.normalized_address, services.pool
+    added, generation = pool.add(address, body.type, body.version,
+                                 health=probe(address, body.type, services.settings.backend_probe_timeout_s))
+    health = pool.health(address)
+    return jsonify({"address": address, "type": body.type, "added": added, "generation": generation,
+                    "version": pool.version(address), "healthy": health.healthy, "since": health.since,
+                    "detail": health.detail})
 
 
 @bp.post("/llm_servers/version")
@@ -200,7 +215,18 @@ def check_allowed_backend(host: str, allowlist: str) -> None:
 
 @bp.post("/clear_llm_server")
 def clear_llm_server():
-    return jsonify({"generation": app_services().pool.clear()})
+    """Forget one backend (``{"address": ...}``) or, without an address, every one; jobs in
+    flight on a removed backend finish on it. Either way the generation is bumped."""
+    pool = app_services().pool
+    address = parse(ClearServerRequest).normalized_address if request.get_data(cache=True).strip() else None
+    if address is None:
+        return jsonify({"generation": pool.clear()})
+    try:
+        removed, generation = pool.remove(address)
+    except KeyError:
+        registered = ", ".join(b.address for b in pool.list()) or "(none)"
+        raise BadRequest(f"address: {address!r} is not a registered LLM server; registered: {registered}") from None
+    return jsonify({"generation": generation, "removed": removed})
 
 
 @bp.get("/llm_servers")

@@ -91,6 +91,19 @@ class AddServerRequest(BaseModel):
         return str(self.address).rstrip("/")
 
 
+class ClearServerRequest(BaseModel):
+    """``POST /clear_llm_server``: one backend by address, or (no body, or no address) all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: HttpUrl | None = Field(None, description="one registered backend (http://h:p and http://h:p/v1 "
+                                    "name the same server); default every one")
+
+    @property
+    def normalized_address(self) -> str | None:
+        return str(self.address).rstrip("/") if self.address is not None else None
+
+
 class SetVersionRequest(BaseModel):
     """``POST /llm_servers/version``: the trainer loaded new weights into a backend (or all)."""
 

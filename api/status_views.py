@@ -39,6 +39,7 @@ def service_status(services: Services) -> dict[str, Any]:
                                  "broker_depth": depth[stage]} for stage in Stage},
         "jobs": counts,
         "generation": services.pool.generation(),
+        # each with its health: healthy (routed to), since (when it entered that state), detail
         "backends": [b.__dict__ for b in services.pool.list()],
         "workers": workers,
         "tasks": registered_tasks(),
@@ -72,12 +73,15 @@ class RedisStateCollector:
             jobs.add_metric([name], count)
         assigned = GaugeMetricFamily("prorl_backend_assignments", "jobs assigned per backend", labels=["address"])
         inflight = GaugeMetricFamily("prorl_backend_in_flight", "jobs in RUN per backend", labels=["address"])
+        healthy = GaugeMetricFamily("prorl_backend_healthy", "1: the backend is routed to; 0: out of routing "
+                                    "until a probe answers", labels=["address"])
         for backend in state["backends"]:
             assigned.add_metric([backend["address"]], backend["assigned"])
             inflight.add_metric([backend["address"]], backend["in_flight"])
+            healthy.add_metric([backend["address"]], 1 if backend["healthy"] else 0)
         workers = GaugeMetricFamily("prorl_workers", "workers seen in the last 30 s")
         workers.add_metric([], len(state["workers"]))
-        yield from (queued, active, jobs, assigned, inflight, workers)
+        yield from (queued, active, jobs, assigned, inflight, healthy, workers)
         yield from cluster_metrics(app_services())
 
 

@@ -38,6 +38,12 @@ prorl:llm:types                    hash    backend address -> protocol (vllm | s
 prorl:llm:inflight                 hash    backend address -> jobs in RUN on it now
 prorl:llm:generation               string  bumped by /clear_llm_server
 prorl:llm:versions                 hash    backend address -> policy version (set by the trainer)
+prorl:llm:health                   hash    backend address -> JSON {healthy, since, detail}: what
+                                           its last probe (or a RUN that found it not answering) said
+prorl:llm:unhealthy                set     backend addresses out of routing until a probe answers
+                                           (acquire_backend.lua skips them)
+prorl:llm:probe:<address>          string  owner of the next re-probe of that unhealthy backend
+                                           (SET NX EX the probe interval: one probe per interval)
 prorl:reaper:lock                  string  owner of the lease reaper (expires, so a dead owner lapses)
 prorl:node:<node>:addresses        hash    loopback address -> sandbox that leases it
 prorl:node:<node>:sandboxes        hash    sandbox id -> ledger record (JSON): job, worker, pids
@@ -76,6 +82,8 @@ LLM_TYPES = PREFIX + "llm:types"
 LLM_INFLIGHT = PREFIX + "llm:inflight"
 LLM_GENERATION = PREFIX + "llm:generation"
 LLM_VERSIONS = PREFIX + "llm:versions"
+LLM_HEALTH = PREFIX + "llm:health"
+LLM_UNHEALTHY = PREFIX + "llm:unhealthy"
 WORKERS = PREFIX + "workers"
 REAPER_LOCK = PREFIX + "reaper:lock"
 METRIC_COUNTERS = PREFIX + "metrics:counters"
@@ -99,6 +107,11 @@ def unclaimed(status: str) -> str:
 def minute_stats(minute_start: int) -> str:
     """Jobs that ended in the minute starting at ``minute_start`` (unix seconds, a multiple of 60)."""
     return f"{MINUTE_STATS}{minute_start}"
+
+
+def llm_probe_lock(address: str) -> str:
+    """Held by the process that re-probes the unhealthy backend ``address`` this interval."""
+    return f"{PREFIX}llm:probe:{address}"
 
 
 def node_addresses(node: str) -> str:

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(1024, gt=0, description="max_tokens when a job does not set one")
     llm_timeout_s: float = Field(600.0, gt=0, description="timeout of one LLM HTTP request")
     backend_wait_poll_s: float = Field(0.5, gt=0, description="poll period while no backend is registered")
+    backend_probe_timeout_s: float = Field(
+        2.0, gt=0, description="timeout of one backend health probe (connect, then each read): "
+        "/add_llm_server's, and each re-probe of an unhealthy backend")
+    backend_probe_interval_s: float = Field(
+        10.0, gt=0, description="an unhealthy backend (out of routing) is probed again this often, by one "
+        "RUN worker of the cluster on its reaper tick, and routed to again once it answers")
 
     handlers: str = Field("", description="extra handlers, 'name=module:Class,...' (beside entry points)")
 

@@ -92,7 +92,8 @@ def start_heartbeat(sender, **_: object) -> None:
            interval_s=services.settings.reaper_interval_s,
            retry=_retry_from_init,
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
-           every_tick=_reap_sandboxes, heartbeat_s=services.settings.heartbeat_s,
+           every_tick=_run_worker_tick if Stage.RUN.value in queues else _reap_sandboxes,
+           heartbeat_s=services.settings.heartbeat_s,
            broker=get_redis(services.settings.effective_broker_url), republish=_republish,
            republish_after_s=services.settings.republish_after_s,
            on_republished=lambda job_ids: services.metrics.count("republished_messages", len(job_ids))).start()
@@ -157,6 +158,19 @@ def _reap_sandboxes() -> None:
         get_services().sandboxes.reap()
     except Exception as error:  # noqa: BLE001 - a worker must start even if reaping fails
         log.warning("cannot reap sandboxes of dead workers: %s", error)
+
+
+def _run_worker_tick() -> None:
+    """A RUN worker's tick: its node's sandboxes, then the unhealthy LLM backends due for a probe
+    (from where jobs talk to them; one probe per backend per interval across the cluster)."""
+    _reap_sandboxes()
+    services = get_services()
+    try:
+        services.pool.reprobe(_worker_name.get("name", str(os.getpid())),
+                              timeout_s=services.settings.backend_probe_timeout_s,
+                              interval_s=services.settings.backend_probe_interval_s)
+    except Exception as error:  # noqa: BLE001 - the reaper's other duties go on
+        log.warning("cannot re-probe unhealthy LLM backends: %s", error)
 
 
 #: libraries that graders import on first use: an EVAL worker imports them at start-up, so its
