@@ -23,6 +23,7 @@ from typing import Any, Literal, overload
 
 from handlers.base import ChatLLM, JobContext
 from handlers.tool_calls import ToolCall, ToolCallError, function_tool, parse_tool_calls
+from singularity.requirements import Requirement
 from singularity.toolserver.errors import ToolError, ToolServerGone
 
 #: an observation longer than this is cut, with a note saying how much was cut
@@ -41,7 +42,8 @@ class Tool:
 
     ``execute(sandbox, arguments, timeout_s)`` returns the observation text; it raises
     :class:`ToolArgumentError` for bad arguments, and any tool-server error is turned into an
-    error observation by the loop.
+    error observation by the loop. ``requires``: what the sandbox must provide for it
+    (:mod:`singularity.requirements`), which the handlers that use it declare.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Tool:
     parameters: dict[str, Any]
     required: tuple[str, ...]
     execute: Callable[[Any, dict[str, Any], float], Awaitable[str]]
+    requires: tuple[Requirement, ...] = ()
 
     @property
     def schema(self) -> dict[str, Any]:

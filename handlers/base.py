@@ -11,9 +11,12 @@ what it needs as arguments:
     <stage>_exception(job, e) -> fallback of the same type, so the job still ends well-formed
     final_result(job)         -> dict            extra fields merged into the job's final result
 
-INIT failure ends the job with init_exception's fallback; RUN failure still goes to EVAL with
-run_exception's fallback as run_result; EVAL ends the job. Everything a handler returns must be
-JSON-serialisable: stages may run on different workers and nodes.
+A stage that raises is classed by the pipeline (``prorl_celery.outcomes``): a failure outside
+the policy is retried while the job has attempts left, then ends the job with its fallback, and
+its reward is not valid. An evaluator that cannot judge raises (``EvalUnavailable`` names why):
+it never returns 0. The policy's own failure (``AgentFailure``, a context that ran out) in RUN
+still goes to EVAL with run_exception's fallback as run_result. Everything a handler returns
+must be JSON-serialisable: stages may run on different workers and nodes.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from prorl_celery.status import Stage
+from singularity.requirements import Requirement
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,10 @@ class SandboxRequest:
 
 @dataclass
 class EvalResult:
-    reward: float
+    """A judgement: ``reward`` is None only for a task that asked for none (an agent instance
+    with ``evaluator: none``); the result then carries ``reward: null``, ``reward_valid: false``."""
+
+    reward: float | None
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -145,6 +152,16 @@ class AgentHandler(Generic[LLMT]):
     #: INIT or EVAL asks for a sandbox (``sandbox_request``, ``eval_sandbox_request``) is always
     #: published alone, whatever this says (see ``shares_messages``).
     batched_stages: ClassVar[frozenset[Stage]] = frozenset()
+    #: everything this task family may need from its sandboxes (``singularity.requirements``:
+    #: its tools' ``requires``, a test runner, a program). A worker that lacks any of it names
+    #: the task in its log and in ``/status`` at start, and refuses each job that needs it
+    #: (``requirements``) as an ``env_error``: never a score.
+    requires: ClassVar[tuple[Requirement, ...]] = ()
+
+    def requirements(self, job: JobContext) -> tuple[Requirement, ...]:
+        """What ``job`` needs; by default everything ``requires`` names (narrow it when an
+        instance may leave a tool out)."""
+        return self.requires
 
     def shares_messages(self, stage: Stage, job: JobContext) -> bool:
         """May ``job``'s ``stage`` message carry other jobs too? Only for ``batched_stages``, and
@@ -206,6 +223,8 @@ class AgentHandler(Generic[LLMT]):
         return {"error": f"{type(error).__name__}: {error}"}
 
     async def eval_exception(self, job: JobContext, error: BaseException) -> EvalResult:
+        """Details to keep when ``eval`` raised. Its reward is never used: an evaluation that
+        failed ends the job ``eval_error`` (retried while attempts are left), never a score."""
         return EvalResult(reward=0.0, details={"error": f"{type(error).__name__}: {error}"})
 
     def final_result(self, job: JobContext) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from handlers.agent import Tool, ToolArgumentError, string_argument
+from singularity.requirements import BASH as BASH_PROGRAM
+from singularity.requirements import BM25S, IPYKERNEL, PTYPROCESS, TOOL_SERVER
 
 
 async def _python(sandbox: Any, arguments: dict[str, Any], timeout_s: float) -> str:
@@ -83,12 +85,14 @@ async def _search(sandbox: Any, arguments: dict[str, Any], timeout_s: float) -> 
 PYTHON = Tool(
     "python", "Run Python code in a persistent IPython session (state is kept between calls). "
     "Returns what it prints, the value of its last expression, and any error.",
-    {"code": {"type": "string", "description": "the code to run"}}, ("code",), _python)
+    {"code": {"type": "string", "description": "the code to run"}}, ("code",), _python,
+    requires=(*TOOL_SERVER, IPYKERNEL))
 
 BASH = Tool(
     "bash", "Run a command in a persistent bash shell in /workspace (the working directory and "
     "variables are kept between calls). Returns its output and exit code.",
-    {"command": {"type": "string", "description": "the command line to run"}}, ("command",), _bash)
+    {"command": {"type": "string", "description": "the command line to run"}}, ("command",), _bash,
+    requires=(*TOOL_SERVER, PTYPROCESS, BASH_PROGRAM))
 
 EDITOR = Tool(
     "editor", "View, create and edit files in /workspace. Commands: view (path, optional "
@@ -100,10 +104,10 @@ EDITOR = Tool(
      "file_text": {"type": "string"}, "old_str": {"type": "string"}, "new_str": {"type": "string"},
      "insert_line": {"type": "integer"},
      "view_range": {"type": "array", "items": {"type": "integer"}}},
-    ("command", "path"), _editor)
+    ("command", "path"), _editor, requires=TOOL_SERVER)
 
 SEARCH = Tool(
     "search", "Search the reference documents. Returns the best matching passages.",
     {"query": {"type": "string", "description": "what to look for"},
      "k": {"type": "integer", "description": "how many passages (1-10, default 3)"}},
-    ("query",), _search)
+    ("query",), _search, requires=(*TOOL_SERVER, BM25S))

@@ -92,7 +92,7 @@ def test_versioned_rebuilds_when_the_tool_server_needs_other_packages(tmp_path, 
     builder = _builder(tmp_path, recorder, version="1.0")
     first = builder.build(TEST_IMAGE, CacheMode.VERSIONED)
     assert builder.build(TEST_IMAGE, CacheMode.VERSIONED).cached
-    monkeypatch.setattr(cache, "TOOLSERVER_PIP", (*cache.TOOLSERVER_PIP, "newdep>=1"))
+    monkeypatch.setattr(cache, "SANDBOX_PIP", (*cache.SANDBOX_PIP, "newdep>=1"))
     second = builder.build(TEST_IMAGE, CacheMode.VERSIONED)
     assert not second.cached and second.key != first.key and recorder.count("debootstrap") == 2
 

@@ -22,6 +22,8 @@ from handlers.agent_program.instances import TASK_DIR, TASK_FILE, AgentInstance,
 from handlers.base import AgentHandler, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
 from handlers.swe.handler import BUNDLE_MOUNT, SweHandler, checkout_command
+from prorl_celery.errors import AgentFailure, EnvironmentFailure, EvalUnavailable
+from singularity.requirements import PYTHON3, TOOL_SERVER, Requirement
 
 if TYPE_CHECKING:  # the LLM layer is imported by run alone, when a job runs
     from prorl_celery.llm.session import TokenSession
@@ -44,6 +46,7 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
     name: ClassVar[str] = "agent"
     aliases: ClassVar[tuple[str, ...]] = ("agent_program", "byo_agent")
     node_local: ClassVar[bool] = True
+    requires: ClassVar[tuple[Requirement, ...]] = (*TOOL_SERVER, PYTHON3, *SweHandler.requires)
 
     def parse_instance(self, instance: dict[str, Any]) -> AgentInstance:
         return normalize_instance(instance)
@@ -105,6 +108,7 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
         outcome["program"]["log_tail"] = await _log_tail(job.sandbox)
         outcome.update(await self._collect(job, instance))
         outcome["finish_reason"] = outcome["program"].get("stopped") or "exit"
+        _check_exit(outcome)
         return outcome
 
     async def _collect(self, job: JobContext, instance: AgentInstance) -> dict[str, Any]:
@@ -129,6 +133,11 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
         return {}
 
     async def run_exception(self, job: JobContext, error: BaseException) -> dict[str, Any]:
+        """The run's outcome when the program failed after it ran (its exit code, log tail and
+        what was collected, so EVAL can judge an agent that ran out of calls), else the error."""
+        collected = getattr(error, "run_outcome", None)
+        if collected is not None:
+            return {**collected, "finish_reason": "error", "error": f"{type(error).__name__}: {error}"}
         return {"finish_reason": "error", "error": f"{type(error).__name__}: {error}", "patch": ""}
 
     async def eval(self, job: JobContext) -> EvalResult:
@@ -151,7 +160,9 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
             check = run.get("command_eval") or {}
             passed = check.get("exit_code") == 0 and not check.get("timed_out")
             return EvalResult(1.0 if passed else 0.0, {"command": instance.evaluator["command"], **check})
-        return EvalResult(0.0, {"reason": "the instance has no evaluator"})
+        if kind == "none":  # asked for: a trajectory with no judgement, whose reward is null
+            return EvalResult(None, {"reason": "the instance has no evaluator (evaluator: none)"})
+        raise EvalUnavailable(f"the instance has an evaluator the agent task does not know ({kind!r})")
 
     def final_result(self, job: JobContext) -> dict[str, Any]:
         run = job.run_result
@@ -161,6 +172,29 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
         if run.get("endpoint") is not None:
             extra["endpoint"] = {k: v for k, v in run["endpoint"].items() if k != "calls_log"}
         return extra
+
+
+#: the endpoint's refusals that are the policy's own limits: a program that exits non-zero after
+#: one ran out of turns, context or time, as an agent loop would stop
+POLICY_LIMITS = frozenset({"max_iterations", "time_budget", "context_length_exceeded"})
+
+
+def _check_exit(outcome: dict[str, Any]) -> None:
+    """An agent program that exited non-zero on its own did not finish its rollout: the
+    policy's failure (``AgentFailure``, judged) when the endpoint had refused it a call for one
+    of the policy's limits, else the harness's (``EnvironmentFailure``, retried). Either carries
+    the outcome, so the result keeps the exit code and log tail."""
+    program = outcome.get("program") or {}
+    code = program.get("exit_code")
+    if code in (0, None) or program.get("stopped"):
+        return
+    refused = set((outcome.get("endpoint") or {}).get("refused") or {})
+    tail = " ".join(str(program.get("log_tail") or program.get("runner_output") or "").split())[-300:]
+    kind: type[AgentFailure | EnvironmentFailure] = AgentFailure if refused & POLICY_LIMITS else EnvironmentFailure
+    error = kind(f"the agent program exited with code {code}"
+                 + (f" after the endpoint refused {sorted(refused)}" if refused else "") + f"; log tail: {tail!r}")
+    setattr(error, "run_outcome", outcome)  # noqa: B010 - read back by run_exception
+    raise error
 
 
 def _program_result(result: Any, argv: list[str]) -> dict[str, Any]:

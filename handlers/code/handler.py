@@ -27,6 +27,8 @@ from handlers.code.instances import (
 )
 from handlers.sandbox_files import SandboxCommandError, SandboxFileTooLarge, read_bytes, write_text
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON
+from prorl_celery.errors import EvalUnavailable
+from singularity.requirements import PYTHON3, TOOL_SERVER, Requirement
 
 _TOOLS = {"editor": EDITOR, "bash": BASH, "python": PYTHON}
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -56,6 +58,8 @@ class CodeHandler(AgentHandler[ChatLLM]):
     min_context_tokens: ClassVar[int] = 64
     #: seconds the eval's judge call may take beyond the sum of its tests' wall-clock limits
     judge_margin_s: ClassVar[float] = 30.0
+    requires: ClassVar[tuple[Requirement, ...]] = (
+        *TOOL_SERVER, PYTHON3, *(r for tool in _TOOLS.values() for r in tool.requires))
 
     def parse_instance(self, instance: dict[str, Any]) -> CodeInstance:
         return normalize_instance(instance)
@@ -116,6 +120,9 @@ class CodeHandler(AgentHandler[ChatLLM]):
         tests = judge_tests(code)
         reports = await run_judge(job.sandbox, solution, code, tests, job_id=job.job_id,
                                   timeout_s=self._judge_timeout(job, tests))
+        broken = [f"test {i}: {r['judge_error']}" for i, r in enumerate(reports) if "judge_error" in r]
+        if broken:  # the judge itself failed, not the solution: no verdict, never a 0
+            raise EvalUnavailable(f"the judge could not run {len(broken)} of {len(tests)} tests; {broken[0]}")
         results: list[dict[str, Any]] = []
         for index, (test, report) in enumerate(zip(tests, reports)):
             name, reason = verdict(report, test, code.float_tolerance)
@@ -183,11 +190,11 @@ async def run_judge(sandbox: Any, solution: str, code: CodeInstance, tests: list
     result = await sandbox.bash(f"python3 {root}/judge.py {root}/manifest.json {root}/results.json",
                                 timeout_s=timeout_s)
     if result.timed_out:
-        raise TimeoutError(f"the judge did not finish within {timeout_s:g} s")
+        raise EvalUnavailable(f"the judge did not finish within {timeout_s:g} s")
     data = await read_bytes(sandbox, f"{root}/results.json", sum(t["output_cap"] for t in tests) * 2 + 2**20)
     if data is None:
-        raise RuntimeError(f"the judge wrote no results: {result.output.strip()[-500:]}")
+        raise EvalUnavailable(f"the judge wrote no results: {result.output.strip()[-500:]}")
     reports = json.loads(data)["reports"]
     if len(reports) != len(tests):
-        raise RuntimeError(f"the judge reported {len(reports)} tests of {len(tests)}")
+        raise EvalUnavailable(f"the judge reported {len(reports)} tests of {len(tests)}")
     return reports

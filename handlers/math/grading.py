@@ -16,6 +16,8 @@ import logging
 import re
 from fractions import Fraction
 
+from prorl_celery.errors import EvalUnavailable
+
 logger = logging.getLogger(__name__)
 
 #: Longest answer (or ground truth) given to the symbolic checker; final answers are short.
@@ -98,7 +100,8 @@ def is_equivalent(answer: str | None, ground_truth: str | None) -> bool:
     Both may be bare LaTeX (``\\frac{1}{2}``), ``$...$`` or contain ``\\boxed{}``. Tries, in
     order: normalised string equality, exact number equality, then math-verify (symbolic,
     numeric to 6 decimals, intervals, sets, equations such as ``x=3`` vs ``3``). Safe to call
-    from any thread.
+    from any thread. Raises ``EvalUnavailable`` when math-verify fails on the pair: a grader that
+    cannot judge never answers False.
     """
     if answer is None or ground_truth is None:
         return False
@@ -136,9 +139,10 @@ def _math_verify_equivalent(answer: str, ground_truth: str) -> bool:
         gold = parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=None)
         pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
         return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
-    except Exception:  # a grader bug must cost one reward, never the job
+    except Exception as error:  # the grader could not judge: never a reward of 0
         logger.warning("math-verify failed on %r vs %r", answer, ground_truth, exc_info=True)
-        return False
+        raise EvalUnavailable(f"math-verify could not compare {answer[:80]!r} with the ground truth: "
+                              f"{type(error).__name__}: {error}") from error
 
 
 _EXPONENT = re.compile(r"\^\s*(\{|\\?[A-Za-z0-9])")

@@ -14,6 +14,7 @@ from handlers.math.grading import extract_boxed, is_equivalent
 from handlers.math.instances import MathInstance, normalize_instance
 from handlers.sandbox_tools import PYTHON
 from prorl_celery.status import Stage
+from singularity.requirements import MATH_VERIFY, Requirement
 
 FOLLOW_UP = (
     "Your reply does not contain a final answer in the required format. "
@@ -37,6 +38,7 @@ class MathHandler(AgentHandler[ChatLLM]):
     min_context_tokens: ClassVar[int] = 64
     #: time one python tool call may take inside the sandbox
     tool_timeout_s: ClassVar[float] = 30.0
+    requires: ClassVar[tuple[Requirement, ...]] = (*PYTHON.requires, MATH_VERIFY)
 
     def parse_instance(self, instance: dict[str, Any]) -> MathInstance:
         return normalize_instance(instance)
@@ -72,6 +74,10 @@ class MathHandler(AgentHandler[ChatLLM]):
                          tool_timeout_s=self.tool_timeout_s, min_context_tokens=self.min_context_tokens,
                          answer_in_text=extract_boxed, nudge=FOLLOW_UP)
         return await loop.run(job, llm, instance.messages)
+
+    def requirements(self, job: JobContext) -> tuple[Requirement, ...]:
+        """The python tool's, for jobs that use it; the grader's for all."""
+        return self.requires if self.sandbox_request(job) is not None else (MATH_VERIFY,)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """Jobs with ``"tools": ["python"]`` get a sandbox whose IPython runs the agent's code."""

@@ -18,6 +18,7 @@ from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, Sandbox
 from handlers.sandbox_tools import PYTHON, SEARCH
 from handlers.stem.grading import extract_answer, grade
 from handlers.stem.instances import StemInstance, normalize_instance
+from singularity.requirements import Requirement
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: where the shipped corpus appears inside the sandbox
@@ -38,6 +39,7 @@ class StemHandler(AgentHandler[ChatLLM]):
     node_local: ClassVar[bool] = False  # RUN follows the sandbox to its node anyway
     tool_timeout_s: ClassVar[float] = 30.0
     min_context_tokens: ClassVar[int] = 64
+    requires: ClassVar[tuple[Requirement, ...]] = (*SEARCH.requires, *PYTHON.requires)
 
     def parse_instance(self, instance: dict[str, Any]) -> StemInstance:
         return normalize_instance(instance)

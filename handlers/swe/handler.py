@@ -20,6 +20,8 @@ from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_by
 from handlers.sandbox_tools import BASH, EDITOR
 from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths, pytest_command, statuses_of
 from handlers.swe.instances import SweInstance, normalize_instance
+from prorl_celery.errors import EvalUnavailable
+from singularity.requirements import GIT, PYTEST, TIMEOUT, Requirement
 
 #: where the directory holding the instance's bundle appears inside the sandbox (read-only)
 BUNDLE_MOUNT = "/data/swe/repos"
@@ -59,6 +61,7 @@ class SweHandler(AgentHandler[ChatLLM]):
     aliases: ClassVar[tuple[str, ...]] = ("swe_bench", "swebench", "swe-bench", "swe_gym", "swegym", "r2e", "r2e_gym")
     #: one tool call (a test run, say) may take this long in the sandbox
     tool_timeout_s: ClassVar[float] = 120.0
+    requires: ClassVar[tuple[Requirement, ...]] = (*BASH.requires, *EDITOR.requires, GIT, PYTEST, TIMEOUT)
 
     def parse_instance(self, instance: dict[str, Any]) -> SweInstance:
         """The instance as a ``SweInstance``; ValueError names the missing or wrong field."""
@@ -138,8 +141,10 @@ class SweHandler(AgentHandler[ChatLLM]):
         await self._restore_test_files(job.sandbox, instance)
         problem = await self._apply(job.sandbox, instance, "test.patch", instance.test_patch)
         if problem is not None:  # the instance's own patch: a broken instance, not a wrong answer
-            raise RuntimeError(f"the instance's test_patch does not apply at base_commit: {problem}")
+            raise EvalUnavailable(f"the instance's test_patch does not apply at base_commit: {problem}")
         statuses, run = await self._run_tests(job.sandbox, instance)
+        if run.get("no_report"):
+            await self._judgeable(job.sandbox, run, model_patched=bool(patch.strip()))
         resolved, report = grade(statuses, instance.fail_to_pass, instance.pass_to_pass)
         details.update(resolved=resolved, report=report, **run,
                        tests=statuses_of(statuses, [*instance.fail_to_pass, *instance.pass_to_pass]))
@@ -185,15 +190,32 @@ class SweHandler(AgentHandler[ChatLLM]):
         xml = await read_bytes(sandbox, junit)
         if xml is None:
             run.setdefault("problem", f"pytest wrote no report (exit code {exit_code})")
+            run["no_report"] = True
             return {}, run
         try:
             return parse_junit(xml.decode("utf-8", "replace")), run
         except Exception as error:  # noqa: BLE001 - a patched conftest may garble the report
             run.setdefault("problem", f"the pytest report is unreadable: {error}")
+            run["no_report"] = True
             return {}, run
 
+    async def _judgeable(self, sandbox: Any, run: dict[str, Any], *, model_patched: bool) -> None:
+        """The tests left no usable report: did they run at all? Raises ``EvalUnavailable``
+        (never a reward of 0) when the test runner is missing, or when nothing the agent did can
+        explain it (no model patch). A model patch that leaves pytest unable to report (a broken
+        conftest, a hang) is the agent's doing, judged unresolved."""
+        probe = await sandbox.bash("python -m pytest --version 2>&1; echo \"exit=$?\"", timeout_s=60)
+        if not re.search(r"exit=0\s*$", probe.output):
+            raise EvalUnavailable(f"the test runner is missing in the evaluation sandbox (python -m pytest: "
+                                  f"{probe.output.strip().splitlines()[0] if probe.output.strip() else 'no output'}); "
+                                  f"install the project's base install, which carries pytest")
+        if not model_patched:
+            raise EvalUnavailable(f"{run['problem']} with no model patch applied: the tests did not run; "
+                                  f"log tail: {run.get('log_tail', '')[-300:]!r}")
+
     async def eval_exception(self, job: JobContext, error: BaseException) -> EvalResult:
-        return EvalResult(0.0, {"instance_id": job.instance.get("instance_id"), "resolved": False,
+        """What is known of the failed evaluation (its reward is never used)."""
+        return EvalResult(0.0, {"instance_id": job.instance.get("instance_id"), "resolved": None,
                                 "error": f"{type(error).__name__}: {error}"})
 
     def final_result(self, job: JobContext) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from .cache import CacheRecord, cache_inputs, cache_key
 from .deffile import Definition, parse_definition
 from .render import render_definition
 from .rootfs import RootfsBuildError
-from .spec import TOOLSERVER_PIP, CacheMode, FileCopy, ImageSpec
+from .spec import SANDBOX_PIP, CacheMode, FileCopy, ImageSpec
 
 __all__ = [
     "BuildResult", "CacheMode", "CacheRecord", "Definition", "FileCopy", "ImageBuilder", "ImageSpec",
-    "RootfsBuildError", "TOOLSERVER_PIP", "apptainer_build_command", "cache_inputs", "cache_key",
+    "RootfsBuildError", "SANDBOX_PIP", "apptainer_build_command", "cache_inputs", "cache_key",
     "framework_version", "parse_definition", "render_definition",
 ]

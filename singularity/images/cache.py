@@ -11,7 +11,7 @@ lock        the base image and the SHA-256 of the dependency lockfile are unchan
 
 ``versioned`` deliberately ignores the spec's own package lists: bump the framework version (or
 use ``lock``) to rebuild after changing them. The tool server's requirements
-(:data:`~.spec.TOOLSERVER_PIP`) count as part of the framework, since a development version
+(:data:`~.spec.SANDBOX_PIP`) count as part of the framework, since a development version
 number does not move when they change (a cached image without msgspec was reused that way). The
 record ``<image>.cache.json`` holds the mode, the key (SHA-256 of the canonical JSON of the
 inputs), the inputs themselves (so a mismatch can be explained) and the hash of the definition
@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .spec import TOOLSERVER_PIP, CacheMode, ImageSpec
+from .spec import SANDBOX_PIP, CacheMode, ImageSpec
 
 
 class CacheRecord(BaseModel):
@@ -66,7 +66,7 @@ def cache_inputs(spec: ImageSpec, mode: CacheMode, *, framework_version: str) ->
         return None
     if mode is CacheMode.VERSIONED:
         return {"base": base_identity(spec), "framework_version": framework_version,
-                "toolserver_requirements": list(TOOLSERVER_PIP)}
+                "toolserver_requirements": list(SANDBOX_PIP)}
     if spec.lockfile is None:
         raise ValueError(f"image {spec.name!r}: cache mode 'lock' needs spec.lockfile")
     return {"base": base_identity(spec), "lockfile_sha256": sha256_file(spec.lockfile)}

@@ -8,11 +8,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-#: what the tool server needs inside every image (besides Python 3.11+ and bash)
-TOOLSERVER_PIP = ("msgspec>=0.18", "uvloop>=0.19", "ptyprocess>=0.7", "ipykernel>=6.29")
-#: Debian packages every image gets: the tool server's runtime, and util-linux for
-#: ``prlimit``/``setpriv`` (the bubblewrap runtime applies limits and drops privileges with them)
-BASE_APT = ("python3", "python3-pip", "bash", "ca-certificates", "util-linux")
+from ..requirements import sandbox_pip
+
+#: what every image's Python gets: the tool server, its tools and the evaluators' runners (the
+#: one list, ``singularity/sandbox-requirements.txt``; besides Python 3.11+ and bash)
+SANDBOX_PIP: tuple[str, ...] = sandbox_pip()
+#: Debian packages every image gets: the tool server's runtime, util-linux for ``prlimit``/``setpriv``
+#: (the bubblewrap runtime applies limits and drops privileges with them), and the programs
+#: tasks require (``singularity.requirements``: git for swe; coreutils' ``timeout`` is essential)
+BASE_APT = ("python3", "python3-pip", "bash", "ca-certificates", "util-linux", "git")
 FRAMEWORK_TARGET = "/opt/prorl"
 
 _APT_NAME = re.compile(r"^[a-z0-9][a-z0-9.+\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$")
@@ -50,7 +54,7 @@ class ImageSpec(BaseModel):
     base: str = "bookworm"  # debootstrap: the suite; docker: the image reference; localimage: a path
     mirror: str = "http://deb.debian.org/debian"  # debootstrap only
     apt_packages: tuple[str, ...] = ()
-    pip_packages: tuple[str, ...] = TOOLSERVER_PIP
+    pip_packages: tuple[str, ...] = SANDBOX_PIP
     lockfile: Path | None = None  # a pip requirements lock, installed with ``-r`` (and keys ``lock`` mode)
     files: tuple[FileCopy, ...] = ()
     post: tuple[str, ...] = ()  # shell commands run last in %post
