@@ -38,6 +38,8 @@ def service_status(services: Services) -> dict[str, Any]:
         "stages": {stage.value: {"queued": counts[stage.pending.value], "active": counts[stage.active.value],
                                  "broker_depth": depth[stage]} for stage in Stage},
         "jobs": counts,
+        # how the jobs that ended did (prorl_celery.outcomes): only ok and agent_error are rewards
+        "outcomes": services.store.outcome_counts(),
         "generation": services.pool.generation(),
         # each with its health: healthy (routed to), since (when it entered that state), detail
         "backends": [b.__dict__ for b in services.pool.list()],
@@ -71,6 +73,10 @@ class RedisStateCollector:
                                  labels=["status"])
         for name, count in state["jobs"].items():
             jobs.add_metric([name], count)
+        outcomes = CounterMetricFamily("prorl_job_outcomes", "jobs that ended, by outcome class "
+                                       "(ok and agent_error carry a valid reward)", labels=["outcome"])
+        for name, count in state["outcomes"].items():
+            outcomes.add_metric([name], count)
         assigned = GaugeMetricFamily("prorl_backend_assignments", "jobs assigned per backend", labels=["address"])
         inflight = GaugeMetricFamily("prorl_backend_in_flight", "jobs in RUN per backend", labels=["address"])
         healthy = GaugeMetricFamily("prorl_backend_healthy", "1: the backend is routed to; 0: out of routing "
@@ -81,7 +87,7 @@ class RedisStateCollector:
             healthy.add_metric([backend["address"]], 1 if backend["healthy"] else 0)
         workers = GaugeMetricFamily("prorl_workers", "workers seen in the last 30 s")
         workers.add_metric([], len(state["workers"]))
-        yield from (queued, active, jobs, assigned, inflight, healthy, workers)
+        yield from (queued, active, jobs, outcomes, assigned, inflight, healthy, workers)
         yield from cluster_metrics(app_services())
 
 

@@ -30,8 +30,11 @@ prorl:jobs:unclaimed:<status>      zset    job id -> when (Redis time) it entere
 prorl:stats:status                 hash    status -> number of jobs currently in it (terminal
                                            statuses count every job that ended there)
 prorl:stats:minute:<unix minute>   hash    jobs that ended in that minute: terminal status ->
-                                           count, "reward_sum" of the completed ones (written by
-                                           transition.lua, expires after MINUTE_STATS_TTL_S)
+                                           count, "outcome:<class>" -> count, "reward_sum" of the
+                                           completed ones (written by transition.lua, expires
+                                           after MINUTE_STATS_TTL_S)
+prorl:stats:outcomes               hash    outcome class (prorl_celery.outcomes) -> jobs that
+                                           ended with it (transition.lua)
 prorl:service:state                string  "started" | "stopped" (cluster wide)
 prorl:llm:backends                 zset    backend address -> jobs assigned (the router's heap)
 prorl:llm:types                    hash    backend address -> protocol (vllm | sglang | llamacpp)
@@ -74,6 +77,7 @@ UNCLAIMED = PREFIX + "jobs:unclaimed:"  # + the status (pending_init, pending_ev
 JOBS_ENDED = PREFIX + "jobs:ended"
 JOBS_ENDED_MAXLEN = 100_000  # also written in lua/transition.lua
 STATUS_COUNTS = PREFIX + "stats:status"
+OUTCOME_COUNTS = PREFIX + "stats:outcomes"
 MINUTE_STATS = PREFIX + "stats:minute:"  # + the minute's start in unix seconds
 MINUTE_STATS_TTL_S = 2 * 3600  # the dashboard charts the last hour
 SERVICE_STATE = PREFIX + "service:state"

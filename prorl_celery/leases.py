@@ -56,8 +56,9 @@ import redis
 
 from . import keys
 from .nodes import live_queues
+from .outcomes import Ending, Outcome
 from .status import EXECUTING, WAITING_ON_NODE, JobStatus, Stage
-from .store import SENT_HEADER, UNCLAIMED_STAGES, JobStore, index_spec, load_script, outcome
+from .store import SENT_HEADER, UNCLAIMED_STAGES, JobStore, index_spec, load_script, outcome, retry_fields
 
 log = logging.getLogger(__name__)
 #: most jobs a tick takes from each index: one tick stays bounded however many have expired
@@ -160,12 +161,6 @@ def expired_jobs(store: JobStore, lease_s: float, limit: int = REAP_BATCH) -> li
     return expired
 
 
-#: fields of an attempt that a retry from INIT starts without (its outcome among them: no
-#: stage has failed yet)
-RETRY_RESET = outcome(None, None, init_result=None, run_result=None, trajectory=None, sandbox=None,
-                      backend="", run_queue="", init_node="", run_node="", eval_node="")
-
-
 def stranded_jobs(store: JobStore, live: set[tuple[str, str]], limit: int = REAP_BATCH,
                   lease_s: float | None = None) -> list[str]:
     """Jobs waiting in ``run.<node>`` whose node has no live worker on that queue: the node that
@@ -253,21 +248,25 @@ def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
 def give_up(store: JobStore, job_id: str, stage: Stage, reason: str,
             retry: Callable[[str], None] | None = None, *, status: JobStatus | None = None) -> bool:
     """Take a job away from the attempt executing ``stage`` (or, with ``status``, waiting in
-    it): retry it from INIT while its ``attempt`` is below its ``max_attempts``
-    (``retry(job_id)`` enqueues INIT), else end it as ``failed``. Attempt-guarded, so that
-    attempt's own stage can no longer move the job."""
+    it): a lost worker or node is the environment's failure (``env_error``), so the job is
+    retried from INIT while its ``attempt`` is below its ``max_attempts`` (``retry(job_id)``
+    enqueues INIT), else ended as ``failed``. Attempt-guarded, so that attempt's own stage can no
+    longer move the job."""
     status = status or stage.active
-    attempt, max_attempts = (int(v or 1) for v in store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts"]))
+    raw = cast(list[str | None], store.redis.hmget(keys.job(job_id), ["attempt", "max_attempts", "attempts", "node"]))
+    attempt, max_attempts = int(raw[0] or 1), int(raw[1] or 1)
+    history, node = raw[2], raw[3]
+    ending = Ending(Outcome.ENV_ERROR, stage.value, reason)
     if retry is not None and attempt < max_attempts:
+        fields = retry_fields(json.loads(history) if history else [], attempt, ending, node)
         moved = store.transition(job_id, JobStatus.PENDING_INIT, timer="pause", only_from=status,
-                                 attempt=attempt,
-                                 fields={**RETRY_RESET, "attempt": attempt + 1, "retry_reason": reason})
+                                 attempt=attempt, fields=fields)
         if moved.ok:
             log.warning("job %s: %s; retrying from INIT (attempt %d)", job_id, reason, attempt + 1)
             retry(job_id)
         return moved.ok
     ended = store.transition(job_id, JobStatus.FAILED, timer="pause", only_from=status, attempt=attempt,
-                             fields=outcome(stage.value, reason))
+                             fields=outcome(stage.value, reason, ending))
     if ended.ok:
         log.warning("job %s: %s", job_id, reason)
     return ended.ok

@@ -2,6 +2,7 @@
 ``PRORL_HEARTBEAT_S`` (default 5 s)."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, cast
 
@@ -20,7 +21,8 @@ def stale_after_s(heartbeat_s: float) -> float:
 
 
 def live_workers(client: redis.Redis, heartbeat_s: float, now: float | None = None) -> list[dict[str, Any]]:
-    """Every worker seen recently: name, node, queues and seconds since its last heartbeat."""
+    """Every worker seen recently: name, node, queues, seconds since its last heartbeat, and the
+    tasks it refuses (task -> the requirements it lacks, ``readiness``)."""
     now = time.time() if now is None else now
     seen = cast(ScoredMembers, client.zrangebyscore(keys.WORKERS, now - stale_after_s(heartbeat_s), "+inf",
                                                     withscores=True))
@@ -28,7 +30,8 @@ def live_workers(client: redis.Redis, heartbeat_s: float, now: float | None = No
     for name, _ in seen:
         pipe.hgetall(keys.worker(name))
     return [{"name": name, "node": info.get("node"), "queues": (info.get("queues") or "").split(","),
-             "last_seen_s": round(now - beat, 3)} for (name, beat), info in zip(seen, pipe.execute())]
+             "last_seen_s": round(now - beat, 3), "refused_tasks": json.loads(info.get("refused") or "{}")}
+            for (name, beat), info in zip(seen, pipe.execute())]
 
 
 def live_queues(client: redis.Redis, heartbeat_s: float) -> set[tuple[str, str]]:

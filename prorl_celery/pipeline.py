@@ -2,8 +2,15 @@
 
 Every stage: claim the job (a redelivered or cancelled job is skipped), start its timer, call
 the handler under the job's remaining budget and its cancel signal, store the outcome, pause
-the timer and hand the job to the next stage's queue. INIT failure ends the job; RUN failure
-still goes to EVAL; EVAL ends the job; a budget that runs out ends it as ``timeout``.
+the timer and hand the job to the next stage's queue. A budget that runs out ends the job as
+``timeout``.
+
+A stage that fails is classed (``prorl_celery.outcomes.classify``). A failure outside the policy
+(``env_error``, ``backend_error``, ``eval_error``) is retried while the job has attempts left:
+from INIT, on a fresh sandbox, or, for EVAL, by EVAL alone; then it ends the job, and its reward
+is not valid. The policy's own failure in RUN (``agent_error``) still goes to EVAL, which judges
+what the agent did. A RUN failure out of retries also goes to EVAL (a swe patch is graded, for
+the record), but keeps its own class.
 """
 from __future__ import annotations
 
@@ -16,9 +23,18 @@ from functools import partial
 from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
+from singularity.requirements import explain
 
 from .celery_app import Payload, node_queue, pack_messages, publish
-from .errors import JobCancelled, JobNotFound, StageTimeout, UnknownTask
+from .errors import (
+    BackendError,
+    EvalUnavailable,
+    JobCancelled,
+    JobNotFound,
+    RequirementMissing,
+    StageTimeout,
+    UnknownTask,
+)
 from .event_loops import Batched, loop_local, run_coro, thread_loop
 from .job_sandboxes import tool_client
 from .llm.backends import make_backend
@@ -26,9 +42,11 @@ from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
 from .nodes import has_live_worker
+from .outcomes import Ending, Outcome, classify, describe
+from .readiness import missing_for
 from .services import Services, get_services
 from .status import JobStatus, Stage
-from .store import JobRecord, Move, Transition, outcome
+from .store import JobRecord, Move, Transition, outcome, retry_fields
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,11 +133,19 @@ def _begin_claimed(stage: Stage, job_id: str, claim: Transition, services: Servi
     job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
     try:
         handler = get_handler(record.task)
-    except UnknownTask as error:  # a plug-in missing on this worker: say so, now
-        services.store.finish(job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
-            stage.value, f"this worker cannot run the task: {error}"))
-        return None
+    except UnknownTask as error:  # a plug-in missing on this worker: another may have it
+        return _unavailable(stage, services, job, record, cancelled, f"this worker cannot run the task: {error}")
     return _staged(stage, services, handler, job, record, cancelled)
+
+
+async def _unavailable(stage: Stage, services: Services, job: JobContext, record: JobRecord,
+                       cancelled: asyncio.Event, detail: str) -> None:
+    """A claimed stage this worker cannot run at all: retried elsewhere, or ended, as an
+    ``env_error``."""
+    try:
+        await _retry_or_end(services, None, job, record, stage, Ending(Outcome.ENV_ERROR, stage.value, detail))
+    finally:
+        services.cancel_watcher.unwatch(job.job_id, cancelled)
 
 
 async def _staged(stage: Stage, services: Services, handler: AgentHandler, job: JobContext,
@@ -128,22 +154,57 @@ async def _staged(stage: Stage, services: Services, handler: AgentHandler, job: 
     services.leases.hold(job.job_id)
     started = time.monotonic()
     try:
+        absent = missing_for(handler, job, stage)
+        if absent:
+            raise RequirementMissing(explain(record.task, absent), missing=[r.name for r in absent])
         await _STAGES[stage](services, handler, job, record, cancelled)
     except asyncio.CancelledError:
         raise
     except BaseException as error:  # noqa: BLE001 - outside the handler's own error paths
-        # (a bug, Redis away longer than a transition retries): end the job now rather than
-        # leave it running until its lease runs out, and keep the loop other stages share
-        log.exception("%s of job %s crashed", stage.value, job.job_id)
+        # (a bug, a missing requirement, Redis away longer than a transition retries): end or
+        # retry the job now rather than leave it running until its lease runs out, and keep the
+        # loop other stages share
+        if not isinstance(error, RequirementMissing):
+            log.exception("%s of job %s crashed", stage.value, job.job_id)
+        ending = classify(stage, error)
         try:
-            services.store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
-                stage.value, f"{stage.value} crashed: {describe(error)}", extra=_handler_extras(handler, job)))
+            await _retry_or_end(services, handler, job, record, stage, ending)
         except Exception:  # noqa: BLE001 - the lease reaper ends it once Redis answers
             log.exception("cannot end job %s after its %s crashed", job.job_id, stage.value)
     finally:
         services.leases.release(job.job_id)
         services.metrics.observe_stage(stage.value, time.monotonic() - started)
         services.cancel_watcher.unwatch(job.job_id, cancelled)
+
+
+async def _retry_or_end(services: Services, handler: AgentHandler | None, job: JobContext, record: JobRecord,
+                        stage: Stage, ending: Ending, **fields: Any) -> None:
+    """``stage`` of this attempt failed with ``ending``: retry the job while its class is
+    retryable and attempts are left (EVAL alone for an EVAL failure, else from INIT on a fresh
+    sandbox), else end it ``failed`` with ``fields`` (the stage's fallback results)."""
+    if ending.outcome.retryable and job.attempt < record.max_attempts:
+        again = Stage.EVAL if stage is Stage.EVAL else Stage.INIT
+        move = Move(job.job_id, again.pending, "pause", retry_fields(
+            record.attempts, job.attempt, ending, services.settings.node, from_init=again is Stage.INIT),
+            only_from=stage.active, attempt=job.attempt)
+        if (await _move(services, move)).ok:
+            log.warning("job %s: %s (%s); attempt %d from %s", job.job_id, ending.outcome.value, ending.detail,
+                        job.attempt + 1, again.value)
+            services.metrics.count("retries", 1)
+            await _publish(services, (again, None, job.job_id, False))
+        return
+    extra = _handler_extras(handler, job) if handler is not None else {}
+    await _move(services, Move.finish(job.job_id, _TERMINAL[ending.outcome], attempt=job.attempt, fields=outcome(
+        stage.value if ending.outcome is not Outcome.TIMEOUT else "timeout", ending.detail, ending,
+        extra=extra, **fields)))
+
+
+#: the status a job ends in for each class (a judged rollout, agent_error included, is completed
+#: only when no stage raised: EVAL decides that itself)
+_TERMINAL = {Outcome.TIMEOUT: JobStatus.TIMEOUT, Outcome.CANCELLED: JobStatus.CANCELLED,
+             Outcome.ENV_ERROR: JobStatus.FAILED, Outcome.BACKEND_ERROR: JobStatus.FAILED,
+             Outcome.EVAL_ERROR: JobStatus.FAILED, Outcome.AGENT_ERROR: JobStatus.FAILED,
+             Outcome.OK: JobStatus.COMPLETED}
 
 
 def _close_abandoned_sandboxes(services: Services, job_id: str, status: JobStatus) -> None:
@@ -170,12 +231,15 @@ def job_context(record: JobRecord, deadline: float | None = None) -> JobContext:
     )
 
 
-async def bounded(job: JobContext, cancelled: asyncio.Event, work: Awaitable[T]) -> T:
-    """Await ``work`` within the job's budget; abort it the moment the job is cancelled."""
+async def bounded(job: JobContext, cancelled: asyncio.Event, work: Awaitable[T], limit_s: float | None = None) -> T:
+    """Await ``work`` within the job's budget (and ``limit_s``, when given); abort it the
+    moment the job is cancelled."""
     task = asyncio.ensure_future(work)
     waiter = asyncio.ensure_future(cancelled.wait())
+    left = job.time_left()
+    timeout = limit_s if left is None else (left if limit_s is None else min(left, limit_s))
     try:
-        done, _ = await asyncio.wait({task, waiter}, timeout=job.time_left(),
+        done, _ = await asyncio.wait({task, waiter}, timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             return task.result()
@@ -186,10 +250,6 @@ async def bounded(job: JobContext, cancelled: asyncio.Event, work: Awaitable[T])
         raise StageTimeout(f"job {job.job_id} ran out of its time budget")
     finally:
         waiter.cancel()
-
-
-def describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
 
 
 async def _fallback(callback: Awaitable[T], default: T) -> T:
@@ -228,24 +288,24 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
     except StageTimeout as error:
         await _close_sandbox(services, sandbox)
         store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
-            "timeout", str(error), extra=_handler_extras(handler, job)))
+            "timeout", str(error), Ending(Outcome.TIMEOUT, Stage.INIT.value, str(error)),
+            extra=_handler_extras(handler, job)))
         return
     except Exception as error:  # noqa: BLE001 - any handler failure becomes a fallback result
         log.warning("INIT of job %s failed: %s", job.job_id, describe(error))
         await _close_sandbox(services, sandbox)
         job.init_result = await _fallback(handler.init_exception(job, error), {"error": describe(error)})
-        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
-            "init", describe(error), init_result=job.init_result, extra=_handler_extras(handler, job)))
+        await _retry_or_end(services, handler, job, record, Stage.INIT, classify(Stage.INIT, error),
+                            init_result=job.init_result)
         return
     # a sandbox lives on this node: its RUN must run here too
     local = handler.node_local or sandbox is not None
     queue = node_queue(Stage.RUN, services.settings.node) if local else None
     if queue and not await _run_worker_appears(services, queue):
-        await _close_sandbox(services, sandbox)  # nobody here would ever run it: fail, do not strand
-        store.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields=outcome(
-            "init", f"no live RUN worker on node {services.settings.node} for this node-local job; "
-                    f"start `celery -A prorl_celery worker -Q run` there",
-            init_result=job.init_result, extra=_handler_extras(handler, job)))
+        await _close_sandbox(services, sandbox)  # nobody here would ever run it: retry, do not strand
+        await _retry_or_end(services, handler, job, record, Stage.INIT, Ending(
+            Outcome.ENV_ERROR, Stage.INIT.value, f"no live RUN worker on node {services.settings.node} for this "
+            f"node-local job; start `celery -A prorl_celery worker -Q run` there"), init_result=job.init_result)
         return
     # run_queue tells the reaper which node must stay alive for this job to be run at all
     fields = {"init_result": job.init_result, "run_queue": queue or ""}
@@ -310,6 +370,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     session: TokenSession | None = None
     assignment: Assignment | None = None
     ended = outcome(None, None)
+    failure: Ending | None = None
     try:
         if handler.uses_llm:
             # the assignment is written to the job's record as it is taken (one round trip)
@@ -324,19 +385,26 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
         return
     except StageTimeout as error:
         reason = str(error) if assignment or not handler.uses_llm else (
-            "no LLM backend was registered within the job's time budget; POST /add_llm_server first")
+            "no healthy LLM backend was registered within the job's time budget: POST /add_llm_server, "
+            "and see /status for the health of those registered")
         store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
-            "timeout", reason, extra=_handler_extras(handler, job),
+            "timeout", reason, Ending(Outcome.TIMEOUT, Stage.RUN.value, reason), extra=_handler_extras(handler, job),
             trajectory=session.trajectory() if session else None))
         return
-    except Exception as error:  # noqa: BLE001 - RUN failure still goes to EVAL
+    except Exception as error:  # noqa: BLE001 - classed: retried, or judged by EVAL
         log.warning("RUN of job %s failed: %s", job.job_id, describe(error))
+        failure = classify(Stage.RUN, error)
+        if assignment is not None and isinstance(error, BackendError) and failure.outcome is Outcome.BACKEND_ERROR:
+            await _report_backend(services, assignment.address, error)
         job.run_result = await _fallback(handler.run_exception(job, error), {"error": describe(error)})
-        ended = outcome("run", describe(error))
+        ended = outcome("run", describe(error), failure)
     finally:
         if assignment is not None:
             await services.pool.release_on_loop(assignment.address)
         await _close_sandbox(services, record.sandbox)  # closed right after RUN, before EVAL
+    if failure is not None and failure.outcome.retryable and job.attempt < record.max_attempts:
+        await _retry_or_end(services, handler, job, record, Stage.RUN, failure)
+        return
     if session is not None:
         _count_tokens(services, session)
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **ended}
@@ -344,6 +412,22 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
         fields["ignored_params"] = sorted({*record.ignored_params, *session.unsupported_params})
     if (await _move(services, Move.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt))).ok:
         await _publish(services, (Stage.EVAL, None, job.job_id, handler.shares_messages(Stage.EVAL, job)))
+
+
+#: a backend's answers that say it is down (not that this one request was wrong)
+DOWN_STATUSES = frozenset({502, 503, 504})
+
+
+async def _report_backend(services: Services, address: str, error: BackendError) -> None:
+    """A backend that failed a job's turn because it could not be reached, or said it is down,
+    leaves the routing until a probe finds it answering (``BackendPool.mark_unhealthy``); the
+    job's retry then goes to another."""
+    if error.status_code is not None and error.status_code not in DOWN_STATUSES:
+        return
+    try:
+        await services.pool.mark_unhealthy_on_loop(address, describe(error))
+    except Exception:  # noqa: BLE001 - the job's own failure matters more
+        log.exception("cannot mark backend %s unhealthy", address)
 
 
 def _count_tokens(services: Services, session: TokenSession) -> None:
@@ -357,31 +441,43 @@ def _count_tokens(services: Services, session: TokenSession) -> None:
 
 async def _eval(services: Services, handler: AgentHandler, job: JobContext, record: JobRecord,
                 cancelled: asyncio.Event) -> None:
-    store = services.store
-    critical, error_text = record.critical_error, record.error
     sandbox: dict[str, str] | None = None
+    limit_s = services.settings.eval_timeout_s
     try:
-        request = handler.eval_sandbox_request(job)
-        if request is not None:  # a fresh one, never the agent's: it was closed after RUN
-            sandbox = await bounded(job, cancelled, services.sandboxes.start(f"{job.job_id}-eval", request))
-        async with tool_client(sandbox) as job.sandbox:
-            result: EvalResult = await bounded(job, cancelled, handler.eval(job))
+        try:
+            request = handler.eval_sandbox_request(job)
+            if request is not None:  # a fresh one, never the agent's: it was closed after RUN
+                sandbox = await bounded(job, cancelled, services.sandboxes.start(f"{job.job_id}-eval", request),
+                                        limit_s)
+            async with tool_client(sandbox) as job.sandbox:
+                result: EvalResult = await bounded(job, cancelled, handler.eval(job), limit_s)
+        except StageTimeout as error:
+            # the rollout is over: an evaluator that outlives its limit (or what is left of the
+            # budget) could not judge it, which is no timeout of the policy's
+            raise EvalUnavailable(f"the evaluator did not finish within its limit "
+                                  f"(PRORL_EVAL_TIMEOUT_S={limit_s:g} s, or the job's budget): {error}") from error
     except JobCancelled:
         return
-    except StageTimeout as error:
-        store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
-            "timeout", str(error), extra=_handler_extras(handler, job)))
-        return
-    except Exception as error:  # noqa: BLE001 - a failed evaluation still ends the job well-formed
+    except Exception as error:  # noqa: BLE001 - a failed evaluation is never a score
         log.warning("EVAL of job %s failed: %s", job.job_id, describe(error))
-        result = await _fallback(handler.eval_exception(job, error),
-                                 EvalResult(0.0, {"error": describe(error)}))
-        critical, error_text = "eval", describe(error)
+        failed = await _fallback(handler.eval_exception(job, error), EvalResult(0.0, {"error": describe(error)}))
+        if record.outcome is not None:  # RUN failed already: its class is the job's
+            await _move(services, Move.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields={
+                "eval": failed.details, "extra": _handler_extras(handler, job)}))
+            return
+        await _retry_or_end(services, handler, job, record, Stage.EVAL, classify(Stage.EVAL, error),
+                            eval=failed.details)
+        return
     finally:
         await _close_sandbox(services, sandbox)
-    status = JobStatus.FAILED if critical else JobStatus.COMPLETED
+    # RUN's failure, if it had one, stays the job's: its reward is recorded, valid only when
+    # the failure was the policy's own
+    status = JobStatus.FAILED if record.critical_error else JobStatus.COMPLETED
+    ending = Ending(Outcome.OK, None, None) if record.outcome is None else None
     await _move(services, Move.finish(job.job_id, status, attempt=job.attempt, fields=outcome(
-        critical, error_text, reward=float(result.reward), eval=result.details, extra=_handler_extras(handler, job))))
+        record.critical_error, record.error, ending,
+        reward=None if result.reward is None else float(result.reward), eval=result.details,
+        extra=_handler_extras(handler, job))))
 
 
 # -- the end of a stage, batched per loop ---------------------------------------------------------

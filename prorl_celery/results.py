@@ -8,23 +8,40 @@ from typing import Any
 import msgspec
 
 from .errors import JobNotFound
+from .outcomes import Ending, Outcome, of_status
 from .status import TERMINAL, Stage
 from .store import JobRecord, JobStore
 from .waiting import ManyWait
 from .wire_v1 import v1_fields
 
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
+STAGE_NAMES = frozenset(s.value for s in Stage)
 _ENCODER = msgspec.json.Encoder()
 #: most records one pipelined read of POST /jobs/wait fetches (and one chunk carries): results
 #: can be large, and 10,000 of them ended already would otherwise be read and held at once
 REPORT_SLICE = 500
 
 
+def ending_of(record: JobRecord) -> Ending:
+    """How the job (or its current attempt) ended: as recorded, else (a record from before
+    outcomes, or one ended where no class was given) from its status alone."""
+    if record.outcome:
+        return Ending(Outcome(record.outcome), record.outcome_stage, record.detail)
+    critical = record.critical_error
+    return Ending(of_status(record.status, critical=critical),
+                  critical if critical in STAGE_NAMES else None, record.error)
+
+
 def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
     """Shape a job record into the result: our fields and the ProRL Agent Server v1 ones
-    (``wire_v1``), well-formed in every status."""
+    (``wire_v1``), well-formed in every status.
+
+    ``outcome`` says how it ended (``prorl_celery.outcomes``); ``reward`` is a number only when
+    ``reward_valid``, else null (v1's ``score`` stays a number, with ``filter: true``)."""
     status = record.status
-    reward = record.reward if record.reward is not None else 0.0
+    ending = ending_of(record)
+    valid = ending.outcome.reward_valid and record.reward is not None
+    reward = record.reward if valid else None
     timing = store.timing(record, now=record.ended_at).to_dict()
     extra = dict(record.extra)  # a copy: artifacts move out of it
     result: dict[str, Any] = {
@@ -32,6 +49,11 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
         "task": record.task,
         "status": status.value,
         "stage": status.stage.value if status.stage else None,
+        "outcome": ending.outcome.value,
+        "reward_valid": valid,
+        "retryable": ending.outcome.retryable,
+        "outcome_stage": ending.stage,
+        "detail": ending.detail,
         "reward": reward,
         "instance_id": record.instance.get("instance_id"),
         "trajectory_id": record.instance.get("trajectory_id"),
@@ -41,13 +63,15 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
         "backend": record.backend,
         "generation": record.generation,
         "attempt": record.attempt,
+        "attempts": [*record.attempts, {"attempt": record.attempt, "outcome": ending.outcome.value,
+                                        "stage": ending.stage, "detail": ending.detail, "node": record.node}],
         "nodes": {stage.value: record.stage_node(stage) for stage in Stage},
         "trajectory": record.trajectory,
         "eval": record.eval,
         "artifacts": extra.pop("artifacts", {}),
         "ignored_sampling_params": record.ignored_params,
-        **v1_fields(status=status.value, reward=reward, trajectory=record.trajectory,
-                    run_result=record.run_result, timing=timing),
+        **v1_fields(status=status.value, reward=reward if reward is not None else 0.0, reward_valid=valid,
+                    trajectory=record.trajectory, run_result=record.run_result, timing=timing),
     }
     result.update({k: v for k, v in extra.items() if k not in result})
     return result

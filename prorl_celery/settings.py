@@ -48,7 +48,10 @@ class Settings(BaseSettings):
 
     handlers: str = Field("", description="extra handlers, 'name=module:Class,...' (beside entry points)")
 
-    max_attempts: int = Field(1, ge=1, le=10, description="attempts of a job whose worker is lost (1: no retry)")
+    max_attempts: int = Field(3, ge=1, le=10, description="attempts of a job whose failure is outside the "
+                              "policy (env_error, backend_error, eval_error, a lost worker); 1: no retry")
+    eval_timeout_s: float = Field(900.0, gt=0, description="longest an evaluation may take; past it (or past the "
+                                  "job's budget) the job ends eval_error, retried, never timeout")
     shutdown_grace_s: float = Field(20.0, ge=0, description="on SIGTERM, time in-flight stages get to finish")
     lease_s: float = Field(30.0, gt=0, description="a stage whose worker is silent this long is failed")
     reaper_interval_s: float = Field(5.0, gt=0, description="how often the lease reaper looks")

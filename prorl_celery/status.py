@@ -1,8 +1,10 @@
 """Job status and the transitions allowed between them.
 
     pending_init ─> init ─> pending_run ─> run ─> pending_eval ─> eval ─> completed
-         │  ^        │                     │                       │
-         │  └────────┴──── retry (worker lost, attempts left) ─────┤
+         │  ^        │                     │            ^          │
+         │  │        │                     │            └──────────┤ retry of EVAL alone
+         │  └────────┴──── retry (a failure outside the policy, ───┤ (eval_error)
+         │                        attempts left)                   │
          └───────────┴──── cancelled / failed / timeout <──────────┘
 
 A stage is *claimed* by moving ``pending_<stage>`` to ``<stage>``; a redelivered message finds
@@ -74,7 +76,8 @@ ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.INIT: frozenset({JobStatus.PENDING_INIT}),
     JobStatus.PENDING_RUN: frozenset({JobStatus.INIT}),
     JobStatus.RUN: frozenset({JobStatus.PENDING_RUN}),
-    JobStatus.PENDING_EVAL: frozenset({JobStatus.RUN}),
+    # or from EVAL again: an evaluator that could not judge is retried alone
+    JobStatus.PENDING_EVAL: frozenset({JobStatus.RUN, JobStatus.EVAL}),
     JobStatus.EVAL: frozenset({JobStatus.PENDING_EVAL}),
     JobStatus.COMPLETED: frozenset({JobStatus.EVAL}),
     # also from a pending status: a job whose hand-over message could not be enqueued

@@ -19,6 +19,7 @@ import redis
 
 from . import keys
 from .errors import JobNotFound, ServiceStopped
+from .outcomes import Ending, Outcome
 from .settings import Settings
 from .status import ALLOWED_FROM, EXECUTING, WAITING_ON_NODE, JobStatus, Stage
 from .waiting import CompletionWaiter
@@ -26,7 +27,7 @@ from .waiting import CompletionWaiter
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
     {"instance", "sampling_params", "agent_params", "ignored_params", "init_result", "run_result", "eval",
-     "trajectory", "extra", "error", "sandbox"}
+     "trajectory", "extra", "error", "sandbox", "attempts"}
 )
 FLOAT_FIELDS = frozenset(
     {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}
@@ -87,6 +88,12 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     extra: dict[str, Any] = {}  # the handler's final_result
     critical_error: str | None = None  # the stage that failed, or "timeout"
     error: str | None = None
+    # how the current attempt ended (prorl_celery.outcomes): set by whatever ends it
+    outcome: str | None = None
+    outcome_stage: str | None = None
+    detail: str | None = None
+    #: the attempts before the current one, each {attempt, outcome, stage, detail, node}
+    attempts: list[dict[str, Any]] = []
     transition_id: str | None = None
 
     def stage_node(self, stage: Stage) -> str | None:
@@ -94,10 +101,31 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         return {Stage.INIT: self.init_node, Stage.RUN: self.run_node, Stage.EVAL: self.eval_node}[stage]
 
 
-def outcome(critical_error: str | None, error: str | None, **fields: Any) -> dict[str, Any]:
+def outcome(critical_error: str | None, error: str | None, ending: Ending | None = None,
+            **fields: Any) -> dict[str, Any]:
     """The fields that say how a stage ended: ``critical_error`` names the stage that failed (or
-    ``"timeout"``; None when none did) and ``error`` says why, beside any other ``fields``."""
-    return {**fields, "critical_error": critical_error, "error": error}
+    ``"timeout"``; None when none did), ``error`` says why and ``ending`` gives its class
+    (``prorl_celery.outcomes``), beside any other ``fields``."""
+    classed = ending.fields() if ending is not None else {}
+    return {**fields, **classed, "critical_error": critical_error, "error": error}
+
+
+#: fields of an attempt that a retry starts without (its outcome among them: no stage of the
+#: new attempt has failed yet); a retry from INIT also forgets the stages' results
+RETRY_EVAL_RESET = {"critical_error": None, "error": None, "outcome": None, "outcome_stage": None,
+                    "detail": None}
+RETRY_RESET = {**RETRY_EVAL_RESET, "init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
+               "backend": "", "run_queue": "", "init_node": "", "run_node": "", "eval_node": ""}
+
+
+def retry_fields(record_attempts: list[dict[str, Any]], attempt: int, ending: Ending, node: str | None,
+                 *, from_init: bool = True) -> dict[str, Any]:
+    """The fields that start attempt ``attempt + 1`` after ``ending`` ended ``attempt``: the
+    reset, the counter, and the history with the ended attempt added."""
+    history = [*record_attempts, {"attempt": attempt, "outcome": ending.outcome.value, "stage": ending.stage,
+                                  "detail": ending.detail, "node": node}]
+    return {**(RETRY_RESET if from_init else RETRY_EVAL_RESET), "attempt": attempt + 1,
+            "retry_reason": ending.detail, "attempts": history}
 
 
 def load_script(client: redis.Redis, name: str):
@@ -364,7 +392,7 @@ class JobStore:
     @staticmethod
     def _transition_keys(job_id: str) -> list[str]:
         return [keys.job(job_id), keys.STATUS_COUNTS, keys.JOBS_ENDED, keys.ACTIVE_JOBS, keys.LEASES,
-                keys.WAITING_RUN_QUEUES]
+                keys.WAITING_RUN_QUEUES, keys.OUTCOME_COUNTS]
 
     def _landed(self, job_id: str, token: str, with_record: bool) -> Transition | None:
         """The transition whose reply was lost, if it took place (else None: send it again)."""
@@ -400,7 +428,8 @@ class JobStore:
 
     def cancel(self, job_id: str, reason: str = "cancelled by request") -> Transition:
         """End a job as cancelled unless it has ended already, and tell its worker."""
-        result = self.finish(job_id, JobStatus.CANCELLED, {"error": reason, "cancel_requested": 1})
+        result = self.finish(job_id, JobStatus.CANCELLED, {"error": reason, "cancel_requested": 1,
+                                                           **Ending(Outcome.CANCELLED, None, reason).fields()})
         if result.ok:
             self.redis.publish(keys.CANCEL_CHANNEL, job_id)
         return result
@@ -468,6 +497,12 @@ class JobStore:
 
     def active_job_ids(self) -> list[str]:
         return sorted(cast(set[str], self.redis.smembers(keys.ACTIVE_JOBS)))
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Outcome class -> jobs that ended with it (every class listed)."""
+        counts = {o.value: 0 for o in Outcome}
+        counts.update({k: int(v) for k, v in cast(dict[str, str], self.redis.hgetall(keys.OUTCOME_COUNTS)).items()})
+        return counts
 
     def status_counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in JobStatus}

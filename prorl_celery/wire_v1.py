@@ -17,10 +17,12 @@ these beside our own fields; each is defined the way v1 defines it:
 ``resolved``      the job completed and its reward is above 0.99 (v1: tests pass, or the
                   grader's score > 0.99)
 ``success``       the job completed: every stage ran without error
+``filter``        the trainer should drop this trajectory: its reward is not valid (``reward_valid``
+                  is false: a failure outside the policy, a timeout or a cancel); ``score`` is
+                  then 0.0, which is no judgement
 ``finish``        the agent ended the episode itself (the ``finish`` tool or a final answer),
                   not a turn, context or time limit
 ``end_properly``  the last model turn ended with the end-of-turn token and its tool calls parse
-``filter``        the trainer should drop this trajectory (``not success``)
 ``tools``         the tool schemas the model was shown
 ``timing``        v1's ``init_time``, ``run_time``, ``eval_time``, ``others_time`` (time spent
                   waiting in queues), ``counted_elapsed`` (time that counts against the budget)
@@ -37,8 +39,8 @@ from handlers.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 SELF_FINISHED = frozenset({"finish", "answer"})
 
 
-def v1_fields(*, status: str, reward: float, trajectory: dict[str, Any] | None, run_result: dict[str, Any],
-              timing: dict[str, float]) -> dict[str, Any]:
+def v1_fields(*, status: str, reward: float, reward_valid: bool, trajectory: dict[str, Any] | None,
+              run_result: dict[str, Any], timing: dict[str, float]) -> dict[str, Any]:
     trajectory = trajectory or {}
     messages = v1_messages(trajectory)
     success = status == "completed"
@@ -49,7 +51,7 @@ def v1_fields(*, status: str, reward: float, trajectory: dict[str, Any] | None, 
         "success": success,
         "finish": run_result.get("finish_reason") in SELF_FINISHED,
         "end_properly": _ended_properly(trajectory),
-        "filter": not success,
+        "filter": not reward_valid,
         "tools": trajectory.get("tools") or [],
         "timing": {**timing, "init_time": timing["init_s"], "run_time": timing["run_s"],
                    "eval_time": timing["eval_s"], "others_time": timing["queued_s"],

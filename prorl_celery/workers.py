@@ -7,6 +7,7 @@ hand back stages that outlive the grace period. Shutdown: leave the worker list.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import threading
@@ -23,12 +24,15 @@ from .connection import get_redis
 from .event_loops import configure_stage_loop, stage_loop
 from .leases import Reaper, give_up
 from .nodes import STALE_BEATS
+from .readiness import refused_tasks
 from .services import get_services
 from .status import Stage
 
 log = logging.getLogger(__name__)
 _stop = threading.Event()
 _worker_name: dict[str, str] = {}
+#: task -> what this worker lacks to run it (``readiness.refused_tasks``, at start-up)
+_refused: dict[str, list[str]] = {}
 
 
 def _retry_from_init(job_id: str) -> None:
@@ -59,6 +63,7 @@ def add_node_queue(sender: str, instance, **_: object) -> None:
     _quiet_task_lines()  # before the consumer builds its task strategies (they read the level once)
     registry.configure(get_services().settings.handlers)  # PRORL_HANDLERS, before any lookup
     load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
+    _refused.update(refused_tasks())  # logged; reported with the heartbeat, so /status names them
     _reap_sandboxes()
     queues = instance.app.amqp.queues
     if Stage.EVAL.value in queues.consume_from:
@@ -202,7 +207,7 @@ def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
     if services.settings.tokenizer and Stage.RUN.value in queues:
         _preload_tokenizer(services.settings.tokenizer)
     info: dict[FieldT, EncodableT] = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
-                                  "concurrency": concurrency or ""}
+                                  "concurrency": concurrency or "", "refused": json.dumps(_refused)}
     while not _stop.is_set():
         try:
             pipe = services.redis.pipeline(transaction=False)

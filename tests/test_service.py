@@ -79,15 +79,32 @@ def test_multi_turn_job_appends_only_new_tokens(gateway, backend):
 
 @pytest.mark.parametrize("stage", ["init", "run", "eval"])
 def test_stage_failure_ends_with_structured_result(gateway, stage):
-    result = gateway.process({"data_source": "fault", "fail": stage})
+    """A handler's exception is no judgement of the policy: it is retried (EVAL alone for EVAL's),
+    then ends the job with its class, each attempt's outcome and no reward, never 0."""
+    result = gateway.process({"data_source": "fault", "fail": stage}, max_attempts=2)
     assert result["status"] == "failed"
     assert result["critical_error"] == stage
-    assert f"scripted failure in {stage}" in result["error"]
-    assert isinstance(result["reward"], float) and isinstance(result["timing"], dict)
-    if stage == "run":  # RUN failure still went through EVAL, with the fallback run result
+    assert f"scripted failure in {stage}" in result["error"] and f"scripted failure in {stage}" in result["detail"]
+    expected = "eval_error" if stage == "eval" else "env_error"
+    assert (result["outcome"], result["outcome_stage"], result["reward_valid"], result["retryable"]) == \
+        (expected, stage, False, True)
+    assert result["reward"] is None and result["score"] == 0.0 and result["filter"] is True
+    assert isinstance(result["timing"], dict)
+    assert [(a["attempt"], a["outcome"], a["stage"]) for a in result["attempts"]] == \
+        [(1, expected, stage), (2, expected, stage)]
+    if stage == "run":  # out of attempts, RUN's failure still went through EVAL, with the fallback
         assert result["eval"] == {"ran": False}
     if stage == "init":
         assert result["timing"]["run_s"] == 0 and result["timing"]["eval_s"] == 0
+
+
+def test_a_failure_outside_the_policy_that_passes_is_retried_to_ok(gateway):
+    """The first attempt's RUN fails (a stage of 0.3 s, then the scripted failure once), the
+    second completes: the result is ``ok`` and keeps the first attempt's outcome."""
+    result = gateway.process({"data_source": "fault", "fail_first_attempt_only": "run"}, max_attempts=2)
+    assert (result["status"], result["outcome"], result["reward"], result["reward_valid"]) == \
+        ("completed", "ok", 1.0, True)
+    assert [(a["attempt"], a["outcome"]) for a in result["attempts"]] == [(1, "env_error"), (2, "ok")]
 
 
 def test_stage_timeout(gateway):
@@ -284,12 +301,13 @@ def kill_run_worker_of(gateway, job_id: str, sig: int = signal.SIGKILL) -> None:
 
 
 def test_killed_worker_ends_the_job_instead_of_leaving_it_running(gateway):
-    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120})
+    job_id = gateway.submit({"data_source": "fault", "run_sleep_s": 120}, max_attempts=1)
     gateway.wait_for_stage(job_id, "run")
     kill_run_worker_of(gateway, job_id)
     result = gateway.result(job_id, wait=30)
     assert (result["status"], result["critical_error"]) == ("failed", "run")
     assert "worker lost during run" in result["error"]
+    assert (result["outcome"], result["reward"], result["retryable"]) == ("env_error", None, True)
     gateway.cluster.wait_for_workers()
     assert gateway.process({"data_source": "fault"})["status"] == "completed"
 
@@ -302,6 +320,8 @@ def test_killed_worker_job_is_retried_from_init_when_attempts_remain(gateway):
     result = gateway.result(job_id, wait=60)
     assert (result["status"], result["attempt"], result["critical_error"]) == ("completed", 2, None)
     assert result["eval"] == {"ran": True}
+    assert [a["outcome"] for a in result["attempts"]] == ["env_error", "ok"]
+    assert "worker lost during run" in result["attempts"][0]["detail"]
     gateway.cluster.wait_for_workers()
 
 
@@ -334,7 +354,7 @@ def test_sigterm_hands_in_flight_stages_back_after_the_grace_period(gateway):
 
 def test_killed_run_worker_leaves_no_sandbox_running(gateway, backend):
     cluster = gateway.cluster
-    job_id = gateway.submit(math("SLOW question with tools", "1", tools=["python"]))
+    job_id = gateway.submit(math("SLOW question with tools", "1", tools=["python"]), max_attempts=1)
     eventually(lambda: len(backend.log()) == 1, 30, "RUN reached its backend, sandbox up")
     state = redis.Redis.from_url(cluster.state_url, decode_responses=True)
     sandbox = json.loads(state.hget(keys.job(job_id), "sandbox"))

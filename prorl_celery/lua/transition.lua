@@ -7,6 +7,7 @@
 -- KEYS[6] prorl:jobs:waiting_run  queue -> node it is local to, per node's queue with jobs in
 --                                 pending_run (hash; the shared queue is never listed); each
 --                                 queue's ids in <ARGV[11].waiting_prefix><queue> (set)
+-- KEYS[7] prorl:stats:outcomes    outcome class -> jobs that ended with it (hash)
 -- ARGV[1] job id
 -- ARGV[2] target status, or "" to only set the fields (ARGV[12..]) under the same guard
 -- ARGV[3] allowed current statuses, comma separated (from prorl_celery.status.ALLOWED_FROM)
@@ -133,12 +134,24 @@ if ARGV[5] == '1' then
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'job', ARGV[1], 'status', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
+  -- the class the job ended with: as the fields give it, else (an ender that names none) the
+  -- one its status implies (prorl_celery.outcomes.of_status)
+  local ending = nil
+  for i = 12, #ARGV - 1, 2 do
+    if ARGV[i] == 'outcome' and ARGV[i + 1] ~= '' then ending = ARGV[i + 1] end
+  end
+  if not ending then
+    local implied = {completed = 'ok', cancelled = 'cancelled', timeout = 'timeout'}
+    ending = implied[ARGV[2]] or 'env_error'
+  end
+  redis.call('HINCRBY', KEYS[7], ending, 1)
   if ARGV[9] ~= '' then
     -- exact per-minute throughput and reward for the dashboard, by the Redis clock
     local minute = ARGV[9] .. string.format('%d', math.floor(now / 60) * 60)
     -- the hash is created by a status's first count (the reward sum follows it): that one
     -- sets the TTL, instead of every job that ends in the minute
     if redis.call('HINCRBY', minute, ARGV[2], 1) == 1 then redis.call('EXPIRE', minute, ARGV[10]) end
+    redis.call('HINCRBY', minute, 'outcome:' .. ending, 1)
     if ARGV[2] == 'completed' then
       for i = 12, #ARGV - 1, 2 do
         if ARGV[i] == 'reward' and tonumber(ARGV[i + 1]) then

@@ -21,6 +21,8 @@ class FaultHandler(AgentHandler):
             await asyncio.sleep(float(job.instance.get(f"{stage}_sleep_s", 0)))
         if job.instance.get("fail") == stage:
             raise RuntimeError(f"scripted failure in {stage}")
+        if job.instance.get("fail_first_attempt_only") == stage and job.attempt == 1:
+            raise RuntimeError(f"scripted failure in {stage} of the first attempt")
         if job.instance.get("crash") == stage:  # past every handler error path: a crashed stage
             raise SystemExit(f"scripted crash in {stage}")
 
