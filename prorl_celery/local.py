@@ -2,10 +2,13 @@
 
 ``prorl up`` and ``prorl demo`` run it in the foreground; the integration tests start the same
 processes through it. Every child runs in its own process group and is stopped with SIGTERM,
-then SIGKILL after a grace period, so Ctrl-C leaves nothing behind.
+then SIGKILL after a grace period, so Ctrl-C leaves nothing behind: a sandbox belongs to its
+job, not to the worker that started it, so once every worker is gone the sandboxes they leave
+(those of jobs still waiting for RUN) are stopped too, before Redis.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -23,6 +26,7 @@ import redis
 
 from .status import Stage
 
+log = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = {Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}
 
 
@@ -118,6 +122,8 @@ class LocalCluster:
     llm_url: str | None = None
     state_url: str = ""
     broker_url: str = ""
+    #: every worker process this cluster started, for the sandboxes they leave (see stop)
+    _worker_pids: set[int] = field(default_factory=set, repr=False)
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -178,9 +184,11 @@ class LocalCluster:
         queues = ",".join(s.value for s in ((stage,) if isinstance(stage, Stage) else stage))
         name = name or f"{queues.replace(',', '+')}-{os.getpid()}-{len(self.processes)}"
         self.workers.add(name)
-        return self._spawn(name, [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker",
-                                  "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
-                                  "--without-gossip", "--without-mingle", "-l", "info"])
+        worker = self._spawn(name, [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker",
+                                    "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
+                                    "--without-gossip", "--without-mingle", "-l", "info"])
+        self._worker_pids.add(worker.popen.pid)
+        return worker
 
     def wait_for_workers(self, timeout_s: float = 90) -> None:
         expected = {p.name for p in self.processes if p.name in self.workers}
@@ -247,10 +255,28 @@ class LocalCluster:
             process.terminate()
         for process in others:
             process.wait_or_kill(grace_s)
+        if self._worker_pids and self.state_url:
+            self._close_abandoned_sandboxes()
         for process in self.processes:
             if process.name == "redis":
                 process.stop(grace_s)
         self.processes.clear()
+
+    def _close_abandoned_sandboxes(self) -> None:
+        """Stop the sandboxes this cluster's workers leave behind, through the one teardown path
+        (their ledger entries): those of jobs that waited for RUN when the workers stopped."""
+        from .job_sandboxes import JobSandboxes
+        from .settings import Settings
+        env = self.service_env()
+        defaults = Settings.model_fields
+        try:
+            sandboxes = JobSandboxes(redis.Redis.from_url(self.state_url, decode_responses=True),
+                                     node=env.get("PRORL_NODE") or socket.gethostname(), runtime="auto",
+                                     root=env.get("PRORL_SANDBOX_DIR") or defaults["sandbox_dir"].default)
+            sandboxes.close_abandoned(self._worker_pids)
+        except Exception as error:  # noqa: BLE001 - stopping anyway (Redis gone, say)
+            log.warning("cannot stop the sandboxes the workers left: %s", error)
+        self._worker_pids.clear()
 
 
 def _with_db(url: str, db: int) -> str:

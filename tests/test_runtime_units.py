@@ -322,6 +322,43 @@ def test_failed_stops_back_off_boundedly_and_are_due_whatever_their_owner():
     assert not due(failed.model_copy(update={"owner": gone}), now)  # the backoff holds for the dead too
 
 
+def test_a_dead_owners_sandbox_is_reaped_only_once_no_job_holds_it(tmp_path):
+    """The owner is who stops a sandbox, not what keeps it alive: the caller's ``still_needed``
+    keeps a dead owner's sandbox (a job INIT handed to RUN), and is asked only for dead owners;
+    a failed stop whose retry is due is retried whatever it says."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live, gone = ProcessRef.of(os.getpid()), ProcessRef(pid=dead.pid, start_time=1)
+    record = SandboxRecord(sandbox_id="s", node="n", job_id="j", worker="w", owner=gone, runtime="t", root=None)
+    asked: list[str] = []
+
+    def held(entry: SandboxRecord) -> bool:
+        asked.append(entry.sandbox_id)
+        return True
+    now = time.time()
+    assert due(record, now) and not due(record, now, still_needed=held) and asked == ["s"]
+    assert not due(record.model_copy(update={"owner": live}), now, still_needed=held) and asked == ["s"]
+    failed = record.model_copy(update={"stop_failures": 1, "retry_at": now})
+    assert due(failed, now, still_needed=held) and asked == ["s"]
+
+    ledger = FileSandboxLedger(tmp_path / "ledger")
+    handed, orphan = _tree(), _tree()
+    for name, process in (("handed", handed), ("orphan", orphan)):
+        ledger.record(record.model_copy(update={"sandbox_id": name, "root": ProcessRef.of(process.pid)}))
+    try:
+        [report] = reap(ledger, "n", grace_s=0.5, still_needed=lambda entry: entry.sandbox_id == "handed")
+        assert report.sandbox_id == "orphan" and report.left == []
+        orphan.wait(timeout=10)
+        assert [r.sandbox_id for r in ledger.list("n")] == ["handed"]
+        assert procfs.members(ProcessRef.of(handed.pid))  # untouched: its job still holds it
+        [report] = reap(ledger, "n", grace_s=0.5, still_needed=lambda entry: False)  # the job let go
+        assert report.sandbox_id == "handed" and report.left == [] and ledger.list("n") == []
+        handed.wait(timeout=10)
+    finally:
+        for process in (handed, orphan):
+            procfs.terminate(ProcessRef.of(process.pid), grace_s=0, popen=process)
+
+
 def test_ledger_and_reaper_on_plain_processes(tmp_path):
     ledger, allocator = FileSandboxLedger(tmp_path / "ledger"), FileAddressAllocator(tmp_path / "leases")
     dead = subprocess.Popen(["true"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,8 +13,10 @@ import pytest
 import redis
 
 from handlers import SandboxRequest
-from prorl_celery.job_sandboxes import JobSandboxes
+from prorl_celery.job_sandboxes import JobSandboxes, tool_client
 from prorl_celery.node_sandboxes import RedisAddressAllocator, RedisSandboxLedger
+from prorl_celery.status import JobStatus, Stage
+from prorl_celery.store import JobStore
 from singularity.runtime import (
     RUNTIMES,
     AddressExhausted,
@@ -175,3 +178,106 @@ def test_transfer_is_atomic_against_a_stop_or_a_failed_stop_in_between(state_url
     moved = plain.get(NODE, "sb-1")
     assert moved is not None and (moved.worker, moved.stop_failures, moved.retry_at) == ("run-w", 1, 123.5)
     assert plain.transfer(NODE, "missing", me, "run-w") is False
+
+
+# -- a sandbox belongs to its job, not to the worker that started it ---------------------------------
+
+class _Jobs:
+    """Jobs moved through the store's real transitions to where a sandbox's holder may be."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+
+    def init(self, job_id: str, sandbox_id: str, init_pid: int) -> None:
+        """In INIT, whose worker ``init_pid`` started ``sandbox_id`` and wrote it to the record."""
+        self.store.create(job_id, {"task": "noop", "instance": {}})
+        assert self.store.claim_stage(job_id, Stage.INIT, {"init_node": NODE, "worker_pid": init_pid}).ok
+        assert self.store.update(job_id, {"sandbox": {"id": sandbox_id, "node": NODE}}, attempt=1,
+                                 status=JobStatus.INIT)
+
+    def handed(self, job_id: str, sandbox_id: str, init_pid: int) -> None:
+        """Handed to RUN: waiting in ``pending_run`` with its sandbox."""
+        self.init(job_id, sandbox_id, init_pid)
+        assert self.store.hand_over(job_id, Stage.INIT, {"run_queue": f"run.{NODE}"}, attempt=1).ok
+
+    def running(self, job_id: str, sandbox_id: str, init_pid: int, run_pid: int, node: str = NODE) -> None:
+        """Claimed by the RUN worker ``run_pid`` on ``node``."""
+        self.handed(job_id, sandbox_id, init_pid)
+        assert self.store.claim_stage(job_id, Stage.RUN, {"run_node": node, "worker_pid": run_pid}).ok
+
+
+def _dead_process() -> ProcessRef:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return ProcessRef(pid=dead.pid, start_time=1)
+
+
+def test_a_dead_owners_sandbox_is_still_needed_only_while_its_job_holds_it(state_url, tmp_path):
+    """INIT's worker died (the sandboxes' owner): a job that INIT handed to RUN keeps the very
+    sandbox its record names, while no RUN has claimed it or while the RUN that claimed it
+    lives; anything else is the reaper's."""
+    client = redis.Redis.from_url(state_url, decode_responses=True)
+    sandboxes = JobSandboxes(client, node=NODE, runtime="process", root=str(tmp_path))
+    jobs = _Jobs(JobStore(client, result_ttl_s=60))
+    gone = _dead_process()
+    jobs.init("in-init", "sb-init", gone.pid)
+    jobs.handed("handed", "sb-handed", gone.pid)
+    jobs.handed("retried", "sb-new", gone.pid)
+    jobs.running("run-live", "sb-run-live", gone.pid, os.getpid())
+    jobs.running("run-dead", "sb-run-dead", gone.pid, gone.pid)
+    jobs.running("run-elsewhere", "sb-elsewhere", gone.pid, os.getpid(), node="node-b")
+    jobs.handed("cancelled", "sb-cancelled", gone.pid)
+    assert jobs.store.cancel("cancelled").ok
+    expected = {("in-init", "sb-init"): False,  # its INIT died with the owner: retried, a new sandbox
+                ("handed", "sb-handed"): True,  # RUN will adopt it
+                ("retried", "sb-old"): False,  # the record names another sandbox
+                ("run-live", "sb-run-live"): True,  # its RUN lives and adopts it
+                ("run-dead", "sb-run-dead"): False,  # its RUN died: never adopted, retried from INIT
+                ("run-elsewhere", "sb-elsewhere"): False,  # a RUN on another node cannot use it
+                ("cancelled", "sb-cancelled"): False,
+                ("no-such-job", "sb-gone"): False,
+                ("handed-eval", "sb-eval"): False}  # an EVAL sandbox: its worker's alone
+    found = {(job_id, sandbox_id): sandboxes.still_needed(SandboxRecord(
+        sandbox_id=sandbox_id, node=NODE, job_id=job_id, worker="init", owner=gone, runtime="process", root=None))
+        for job_id, sandbox_id in expected}
+    assert found == expected
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap (bwrap) is not installed")
+def test_the_init_workers_death_leaves_the_sandboxes_it_handed_to_run(state_url, tmp_path):
+    """The service's sandboxes do not die with their starter (no ``--die-with-parent``), and the
+    node's reaper stops a dead starter's sandbox only once its job let go of it: the sandbox of
+    a job in ``pending_run`` survives until RUN adopts and stops it; one whose job is still in
+    ``init`` is reaped."""
+    client = redis.Redis.from_url(state_url, decode_responses=True)
+    sandboxes = JobSandboxes(client, node=NODE, runtime="bubblewrap", root=str(tmp_path))
+    jobs = _Jobs(JobStore(client, result_ttl_s=60))
+
+    async def start(job_id: str) -> dict[str, str]:
+        return await sandboxes.start(job_id, SandboxRequest())
+    handed, in_init = asyncio.run(start("handed")), asyncio.run(start("in-init"))
+    assert not sandboxes.runtime.die_with_parent
+    gone = _dead_process()
+    jobs.handed("handed", handed["id"], gone.pid)
+    jobs.init("in-init", in_init["id"], gone.pid)
+    records = {r.job_id: r for r in sandboxes.ledger.list(NODE)}
+    for record in records.values():  # INIT's worker dies: the entries' owner is gone
+        assert sandboxes.ledger.transfer(NODE, record.sandbox_id, gone, "init@dead")
+
+    def running(job_id: str) -> list[procfs.ProcInfo]:
+        record = records[job_id]
+        return procfs.members(record.root, record.pidns, record.refs)
+    assert sandboxes.reap() == 1 and [r.job_id for r in sandboxes.ledger.list(NODE)] == ["handed"]
+    assert procfs.wait_until(lambda: not running("in-init"), 10) and not os.path.exists(in_init["workspace"])
+    assert sandboxes.reap() == 0 and len(running("handed")) >= 2  # kept, tick after tick
+
+    async def adopt_and_use() -> str:  # what RUN does with it
+        sandboxes.adopt(handed)
+        async with tool_client(handed) as tools:
+            assert tools is not None
+            return (await tools.bash("echo alive")).output
+    assert "alive" in asyncio.run(adopt_and_use())
+    assert sandboxes.ledger.get(NODE, handed["id"]).owner == ProcessRef.of(os.getpid())
+    asyncio.run(sandboxes.stop(handed))
+    assert procfs.wait_until(lambda: not running("handed"), 10)
+    assert sandboxes.ledger.list(NODE) == [] and sandboxes.allocator.leases() == {}

@@ -8,7 +8,9 @@
     AddressAllocator (addresses.py) unique 127.x.y.z per sandbox on a node
     SandboxLedger (ledger.py)       who owns which sandbox, and which stops failed
     teardown(), reap() (stopping.py)  the one way a sandbox is torn down; the reaper
-                                    (dead owners; failed stops, retried with backoff)
+                                    (dead owners whose sandboxes no job holds, as the
+                                    caller's still_needed says; failed stops, retried
+                                    with backoff)
     procfs.py                       members of a sandbox and how they are stopped, via /proc
 
 In SWE-ReX's terms a Runtime here is a *deployment* (where a sandbox lives: start, teardown)
@@ -39,7 +41,7 @@ from .layout import DEV_IMAGE
 from .ledger import FileSandboxLedger, SandboxLedger, SandboxRecord
 from .process import ProcessRuntime
 from .procfs import ProcessRef
-from .stopping import ReapReport, reap, retry_delay, teardown
+from .stopping import ReapReport, StillNeeded, reap, retry_delay, teardown
 
 RUNTIMES: dict[str, type[Runtime]] = {
     "bubblewrap": BubblewrapRuntime,
@@ -87,6 +89,7 @@ __all__ = [
     "SandboxStartError",
     "SandboxStartTimeout",
     "SandboxStopError",
+    "StillNeeded",
     "make_runtime",
     "reap",
     "retry_delay",

@@ -9,18 +9,23 @@ Lifecycle shared by every runtime (:meth:`Runtime.start`, :meth:`Runtime.stop`):
 
 1. a state directory ``<state_dir>/<sandbox id>/`` holds the socket directory and the log;
 2. a loopback address is leased when the spec has none and an allocator is configured;
-3. the runtime spawns its root process (``_spawn``) in the calling thread (``bwrap
-   --die-with-parent`` ties the sandbox to the thread that forked it: call ``start`` from a
-   long-lived thread, as Celery's thread pool does) and hands it to ``start`` the moment it
-   exists, before waiting on anything (bwrap's ``--info-fd``, say): a start cancelled or failing
-   from then on tears down the root and what it forked, found by its session if the root is gone;
+3. the runtime spawns its root process (``_spawn``) in the calling thread, in a session of its
+   own, and hands it to ``start`` the moment it exists, before waiting on anything (bwrap's
+   ``--info-fd``, say): a start cancelled or failing from then on tears down the root and what
+   it forked, found by its session if the root is gone. A started sandbox outlives the process
+   and thread that started it: it belongs to its job, and ends through the one teardown path
+   (step 5), never by its starter's exit. (``BubblewrapRuntime(die_with_parent=True)`` is the
+   exception, for a caller that wants a sandbox to die with the thread that forked it; the
+   service never uses it: an INIT worker's exit would take the sandboxes of jobs it had handed
+   to RUN with it);
 4. the sandbox is recorded in the ownership ledger as soon as its root process exists, and
    start waits for the tool server's ``READY <socket>`` line in the log;
 5. stop (and a start that fails part-way) goes through :func:`.stopping.teardown`, the one
    teardown path: SIGTERM to every member (see :mod:`.procfs`), SIGKILL after the grace period,
    a /proc check that nothing is left, then the lease, the state directory and the ledger entry
    go. A stop that leaves processes running stays in the ledger, marked for a retry, and the
-   node's reaper (:func:`.stopping.reap`) retries it with a bounded backoff until it succeeds.
+   node's reaper (:func:`.stopping.reap`) retries it with a bounded backoff until it succeeds;
+   the reaper also stops the sandboxes whose owner process died and that no job still holds.
 
 In SWE-ReX's words, a :class:`Runtime` here is a *deployment* (where a sandbox lives, how it is
 started and torn down) and the tool server on the sandbox's socket is the *runtime* (what runs

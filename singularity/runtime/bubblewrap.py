@@ -5,7 +5,10 @@ What a sandbox gets:
 * every namespace of its own (``--unshare-all``: user, pid, ipc, uts, cgroup, mount and network;
   ``--share-net`` only when the spec asks for networking). Inside a new network namespace only
   ``lo`` exists (bubblewrap brings it up), so loopback works and nothing else is reachable;
-* ``--die-with-parent`` (optional) and ``--new-session`` (no TIOCSTI into our terminal);
+* ``--new-session`` (no TIOCSTI into our terminal), and ``--die-with-parent`` only when asked
+  (``die_with_parent``, on by default for standalone use). It ties the sandbox to the *thread*
+  that forked bwrap, not to a job: the service turns it off, so that a sandbox INIT started
+  survives INIT's worker and is stopped by RUN, or by the node's reaper once no job holds it;
 * a read-only root assembled from an image layout (:mod:`.layout`), its own ``/proc``, ``/dev``
   (with a private ``/dev/shm``) and a size-capped ``/tmp``; the host workspace read-write at
   ``/workspace`` and the socket directory at ``/run/toolserver``; the spec's binds;

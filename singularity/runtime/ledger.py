@@ -4,9 +4,15 @@ Every sandbox is recorded when it starts (node, job, worker, owner pid and start
 sandbox's root process, pid namespace and tool server) and removed once a stop has left nothing
 running; a failed stop stays recorded, marked for a retry. Every worker of a node runs
 :func:`~.stopping.reap` at start-up and on each reaper tick: sandboxes whose owner process is
-gone, and failed stops whose retry is due, are stopped by their recorded processes (pid + start
-time, pid namespace inode, descendants), never by a name pattern (``pkill -f`` would hit other
-users' processes on a shared node).
+gone and that no job holds any more (the caller's ``still_needed``), and failed stops whose
+retry is due, are stopped by their recorded processes (pid + start time, pid namespace inode,
+descendants), never by a name pattern (``pkill -f`` would hit other users' processes on a
+shared node).
+
+The owner is who stops the sandbox in the normal course, not what keeps it alive: no runtime
+ties a sandbox's life to its owner process (the service starts bubblewrap without
+``--die-with-parent``), so a sandbox that INIT started and handed to RUN outlives INIT's worker,
+and RUN takes it over (:meth:`SandboxLedger.transfer`).
 
 :class:`SandboxLedger` is the interface; the service's Redis-backed ledger lives in
 ``prorl_celery``. :class:`FileSandboxLedger` keeps one JSON file per sandbox (written atomically
@@ -32,7 +38,7 @@ class SandboxRecord(BaseModel):
     node: str
     job_id: str
     worker: str  # the worker's name (Celery hostname, or host:pid)
-    owner: ProcessRef  # the worker process that started it
+    owner: ProcessRef  # the process that holds it: its starter, until another adopts it
     runtime: str
     root: ProcessRef | None  # the process the runtime spawned (bwrap, apptainer, subreaper);
     # None only for a start that failed before spawning anything
@@ -63,7 +69,8 @@ class SandboxLedger(Protocol):
 
     def transfer(self, node: str, sandbox_id: str, owner: ProcessRef, worker: str) -> bool:
         """Make ``owner`` (named ``worker``) the sandbox's owner; False when the entry is gone.
-        RUN adopts what INIT started, so the sandbox is reaped if RUN's process dies."""
+        RUN adopts what INIT started: from then on RUN's process is the one whose death may
+        get the sandbox reaped."""
 
 
 class TransferByRewrite:

@@ -13,6 +13,13 @@ another process started (from its ledger entry), and :func:`reap`. It works from
    every worker runs on every reaper tick, retries it until it succeeds, whether its owner is
    alive or not: a failed stop no longer waits for its worker to die.
 
+A sandbox belongs to its job, not to the process that started it: :func:`reap` stops a sandbox
+whose owner process is gone only once nobody holds it any more, which the caller decides with
+``still_needed(record)`` (the service asks the job's record: a job that INIT handed to RUN still
+holds the sandbox its INIT worker started, and RUN adopts it). Without a ``still_needed`` the
+owner's death ends the sandbox. This module stays free of any job store: the predicate is the
+caller's.
+
 The job workspace is never removed here: the caller that made it decides (the report carries it).
 """
 from __future__ import annotations
@@ -100,22 +107,35 @@ def teardown(record: SandboxRecord, *, ledger: SandboxLedger | None = None,
     return report
 
 
+#: is a sandbox whose owner process is gone still held by its job? (the caller's answer)
+StillNeeded = Callable[[SandboxRecord], bool]
+
+
+def owner_only(record: SandboxRecord) -> bool:
+    """The default ``still_needed``: nothing outlives its owner process."""
+    return False
+
+
 def due(record: SandboxRecord, now: float,
-        owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive) -> bool:
+        owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive,
+        still_needed: StillNeeded = owner_only) -> bool:
     """Is ``record`` the reaper's to stop now? A failed stop, once its retry time has come;
-    any other sandbox once its owner process is dead."""
+    any other sandbox once its owner process is dead and ``still_needed`` says nobody holds it
+    (asked only then: a live owner's sandbox is in use whatever its job says)."""
     if record.stop_failures:
         return record.retry_at <= now
-    return not owner_alive(record.owner)
+    return not owner_alive(record.owner) and not still_needed(record)
 
 
 def reap(ledger: SandboxLedger, node: str, *, allocator: AddressAllocator | None = None,
          grace_s: float = 2.0, owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive,
-         now: float | None = None, terminate: Terminate = _terminate) -> list[ReapReport]:
+         still_needed: StillNeeded = owner_only, now: float | None = None,
+         terminate: Terminate = _terminate) -> list[ReapReport]:
     """Tear down every sandbox of ``node`` that is :func:`due`; return what was done.
 
-    Sandboxes of live owners that never failed a stop are left alone: they are in use.
+    Sandboxes of live owners that never failed a stop are left alone: they are in use; so are
+    those of dead owners that ``still_needed`` keeps (another process will adopt and stop them).
     """
     moment = time.time() if now is None else now
     return [teardown(record, ledger=ledger, allocator=allocator, grace_s=grace_s, terminate=terminate)
-            for record in ledger.list(node) if due(record, moment, owner_alive)]
+            for record in ledger.list(node) if due(record, moment, owner_alive, still_needed)]
