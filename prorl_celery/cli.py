@@ -77,23 +77,47 @@ def _cluster_options(f):
     return f
 
 
-def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32):
+def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32,
+             redis_dir: Path | None = None):
     from .local import LocalCluster
     command, tokenizer = _llm_command(llm, tokenizer, jobs)
-    return LocalCluster(redis_url=redis_url, llm_command=command, tokenizer=tokenizer,
+    return LocalCluster(redis_url=redis_url, redis_dir=redis_dir, llm_command=command, tokenizer=tokenizer,
                         concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers})
+
+
+def _persistence_options(f):
+    """Where ``prorl up``'s own redis-server keeps its data (not used with ``--redis-url``)."""
+    f = click.option("--redis-persistence", envvar="PRORL_REDIS_PERSISTENCE", type=click.Choice(["aof", "none"]),
+                     default="aof", show_default=True,
+                     help="'aof': every write appended to a file, fsynced every second (a Redis restart loses "
+                          "at most about a second); 'none': nothing on disk (a restart loses every job)")(f)
+    f = click.option("--redis-dir", envvar="PRORL_REDIS_DIR", type=click.Path(file_okay=False, path_type=Path),
+                     default=None, help="the data directory of --redis-persistence aof "
+                                        "[default: $XDG_STATE_HOME/prorl/redis, else ~/.local/state/prorl/redis]")(f)
+    return f
+
+
+def _redis_dir(redis_url: str | None, persistence: str, directory: Path | None) -> Path | None:
+    """The data directory of the redis-server ``prorl up`` starts (None: no persistence)."""
+    from .local import default_redis_dir
+    if redis_url or persistence == "none":
+        return None
+    return directory or default_redis_dir()
 
 
 @main.command()
 @_cluster_options
-def up(**options) -> None:
+@_persistence_options
+def up(redis_persistence: str, redis_dir: Path | None, **options) -> None:
     """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C."""
     stop = threading.Event()
     # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with _cluster(**options) as cluster:
-        click.echo(f"gateway  {cluster.gateway_url}\nredis    {cluster.state_url}\n"
+    data_dir = _redis_dir(options["redis_url"], redis_persistence, redis_dir)
+    with _cluster(**options, redis_dir=data_dir) as cluster:
+        kept = f"AOF in {data_dir}" if data_dir else "no persistence" if not options["redis_url"] else "yours"
+        click.echo(f"gateway  {cluster.gateway_url}\nredis    {cluster.state_url} ({kept})\n"
                    f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\nCtrl-C stops everything.")
         while not stop.wait(1.0):
             pass

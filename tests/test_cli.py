@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import redis
 
 from prorl_celery.local import wait_until
 
@@ -43,26 +44,63 @@ def alive(pid: int) -> bool:
 
 
 def test_up_stops_every_child_on_sigterm(tmp_path, redis_url):
-    up = subprocess.Popen([*PRORL, "up", "--llm", "none",
-                           "--init-workers", "1", "--run-workers", "1", "--eval-workers", "1"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "PRORL_HANDLERS": ""}, start_new_session=True)
-    lines = []
+    """And its redis-server persists: AOF, fsync every second, in --redis-dir, which one
+    ``prorl up`` at a time may use."""
+    data = tmp_path / "redis"
+    up_command = [*PRORL, "up", "--llm", "none", "--init-workers", "1", "--run-workers", "1", "--eval-workers", "1",
+                  "--redis-dir", str(data)]
+    env = {key: value for key, value in os.environ.items() if key not in {"PRORL_REDIS_URL", "PRORL_REDIS_PERSISTENCE"}}
+    up = subprocess.Popen(up_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**env, "PRORL_HANDLERS": ""}, start_new_session=True)
+    lines: dict[str, str] = {}
     try:
         for line in up.stdout:
-            lines.append(line)
-            if line.startswith("gateway"):
+            name, _, value = line.partition(" ")
+            lines[name] = value.strip()
+            if name == "redis":
                 break
-        gateway = lines[-1].split()[-1]
-        assert httpx.get(gateway + "/healthz").json() == {"ok": True}, "".join(lines)
+        gateway = lines["gateway"]
+        assert httpx.get(gateway + "/healthz").json() == {"ok": True}, lines
         children = descendants(up.pid)
         assert len(children) >= 5  # redis, gunicorn (+ its workers), three celery workers
+        state = redis.Redis.from_url(lines["redis"].split()[0], decode_responses=True)
+        assert state.config_get("appendonly") == {"appendonly": "yes"}, lines
+        assert state.config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert os.path.samefile(state.config_get("dir")["dir"], data)
+        second = subprocess.run(up_command, capture_output=True, text=True, env=env, timeout=60)
+        assert second.returncode != 0 and f"keeps its Redis data in {data}" in second.stdout + second.stderr
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
         wait_until(lambda: not any(alive(pid) for pid in children), 30, "children to exit")
+        assert (data / "appendonlydir").is_dir()
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
+
+
+def test_up_persists_redis_by_default(monkeypatch, tmp_path):
+    """Without options, ``prorl up`` starts redis-server with AOF (fsync every second) in the
+    user's state directory; ``--redis-persistence none`` or a Redis of one's own turn it off."""
+    from prorl_celery.cli import _redis_dir, up
+    from prorl_celery.local import redis_command
+    for name in ("PRORL_REDIS_URL", "PRORL_REDIS_DIR", "PRORL_REDIS_PERSISTENCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    def data_dir(*args: str):
+        params = up.make_context("up", list(args)).params
+        return _redis_dir(params["redis_url"], params["redis_persistence"], params["redis_dir"])
+    default = data_dir()
+    assert default == tmp_path / "state" / "prorl" / "redis"
+    command = redis_command("redis-server", 6379, default)
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+    assert command[command.index("--dir") + 1] == str(default)
+    assert data_dir("--redis-dir", str(tmp_path / "mine")) == tmp_path / "mine"
+    assert data_dir("--redis-persistence", "none") is None
+    assert data_dir("--redis-url", "redis://elsewhere:6379") is None
+    throwaway = redis_command("redis-server", 6379, None)  # the tests' and the demo's
+    assert throwaway[throwaway.index("--appendonly") + 1] == "no" and "--dir" not in throwaway
 
 
 def test_tokens_check_command(tmp_path, llama3_tokenizer):
