@@ -97,7 +97,7 @@ def test_dashboard_shows_status_numbers_and_updates_without_reload(gateway, back
 
     jobs = [gateway.submit(math("What is 2 + 3?", "5")) for _ in range(3)]
     jobs += [gateway.submit(math("What is 7 \\times 6?", "42")), gateway.submit(math("MULTI: 10 - 4?", "6"))]
-    failing = gateway.submit({"data_source": "fault", "fail": "run"})
+    failing = gateway.submit({"data_source": "fault", "fail": "run"}, max_attempts=1)
     results = [gateway.result(job_id) for job_id in jobs]
     completed = sum(r["status"] == "completed" for r in results)
     assert completed == 5 and gateway.result(failing)["status"] == "failed"
@@ -110,6 +110,9 @@ def test_dashboard_shows_status_numbers_and_updates_without_reload(gateway, back
     assert text(page, "#ended-completed") == str(status["jobs"]["completed"])
     expect(page.locator("#ended-failed")).to_have_text(str(status["jobs"]["failed"]))
     assert status["jobs"]["failed"] == 1
+    # the failed one is the environment's doing (retried, then ended): counted by its outcome
+    assert (status["outcomes"]["ok"], status["outcomes"]["env_error"]) == (5, 1)
+    assert text(page, "#outcome-count-ok") == "5" and text(page, "#outcome-count-env_error") == "1"
     assigned = {b["address"]: b["assigned"] for b in status["backends"]}
     expect(page.locator("#chart-completed rect.bar")).not_to_have_count(0)
     bars = page.eval_on_selector_all("#chart-completed rect.bar:not(.bad)",

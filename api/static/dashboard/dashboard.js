@@ -96,6 +96,11 @@
       var count = cell("td", jobs[name], "num"); count.id = "job-count-" + name;
       return row([name_td, count]);
     }), "no jobs", 2);
+    var outcomes = status.outcomes || {};
+    fill("jobs-by-outcome", Object.keys(outcomes).map(function (name) {
+      var count = cell("td", outcomes[name], "num"); count.id = "outcome-count-" + name;
+      return row([cell("td", name), count]);
+    }), "no jobs ended", 2);
     fill("durations", ["init", "run", "eval"].map(function (stage) {
       var d = data.durations[stage] || {};
       return row([cell("td", stage), cell("td", d.count || 0, "num"), cell("td", secs(d.p50), "num"),
