@@ -164,9 +164,10 @@ async def _staged(stage: Stage, services: Services, handler: AgentHandler, job: 
         # (a bug, a missing requirement, Redis away longer than a transition retries): end or
         # retry the job now rather than leave it running until its lease runs out, and keep the
         # loop other stages share
+        ending = classify(stage, error)
         if not isinstance(error, RequirementMissing):
             log.exception("%s of job %s crashed", stage.value, job.job_id)
-        ending = classify(stage, error)
+            ending = Ending(ending.outcome, ending.stage, f"{stage.value} crashed: {ending.detail}")
         try:
             await _retry_or_end(services, handler, job, record, stage, ending)
         except Exception:  # noqa: BLE001 - the lease reaper ends it once Redis answers
