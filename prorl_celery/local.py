@@ -212,14 +212,15 @@ class LocalCluster:
         wait_until(lambda: httpx.get(self.gateway_url + "/healthz").status_code == 200, 60, "gateway", new)
 
     def start_worker(self, stage: Stage | tuple[Stage, ...], concurrency: int,
-                     name: str | None = None) -> ManagedProcess:
-        """A worker of one stage's queue, or of several (``-Q init,run``: one pool for them all)."""
+                     name: str | None = None, env: dict[str, str] | None = None) -> ManagedProcess:
+        """A worker of one stage's queue, or of several (``-Q init,run``: one pool for them all);
+        ``env``: variables over the cluster's for this worker alone (a fault test's odd worker)."""
         queues = ",".join(s.value for s in ((stage,) if isinstance(stage, Stage) else stage))
         name = name or f"{queues.replace(',', '+')}-{os.getpid()}-{len(self.processes)}"
         self.workers.add(name)
         worker = self._spawn(name, [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker",
                                     "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
-                                    "--without-gossip", "--without-mingle", "-l", "info"])
+                                    "--without-gossip", "--without-mingle", "-l", "info"], extra_env=env)
         self._worker_pids.add(worker.popen.pid)
         return worker
 
@@ -279,12 +280,14 @@ class LocalCluster:
             env["PRORL_TOKENIZER"] = self.tokenizer
         return env
 
-    def _spawn(self, name: str, command: list[str], env: bool = True) -> ManagedProcess:
+    def _spawn(self, name: str, command: list[str], env: bool = True,
+               extra_env: dict[str, str] | None = None) -> ManagedProcess:
         assert self.log_dir is not None
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.service_env() if env else None, start_new_session=True)
+                                     env={**self.service_env(), **(extra_env or {})} if env else None,
+                                     start_new_session=True)
         process = ManagedProcess(name, popen, log_path)
         self.processes.append(process)
         return process
