@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,10 +22,11 @@ import pytest
 import redis
 
 from prorl_celery import keys
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.local import LocalCluster, ManagedProcess
 from prorl_celery.node_sandboxes import RedisSandboxLedger
 from prorl_celery.status import JobStatus, Stage
 from singularity.runtime import SandboxRecord, procfs
+from tests.support.aof_redis import AofRedis
 from tests.support.services import ROOT, Gateway, eventually
 
 RUN_CONCURRENCY = 64
@@ -319,35 +319,6 @@ def test_stop_with_200_in_flight_closes_every_sandbox_then_start(service):
 
 
 # -- 4. Redis restart with AOF ---------------------------------------------------------------------
-
-class AofRedis:
-    """A redis-server persisting every write (AOF, fsync always) that a test can kill and restart."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory, self.port = directory, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
-        self.process: ManagedProcess | None = None
-
-    def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        log = self.directory / "redis.log"
-        with open(log, "ab") as out:
-            popen = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--dir", str(self.directory), "--appendonly", "yes",
-                                      "--appendfsync", "always", "--save", "", "--maxclients", "10000"],
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.process = ManagedProcess("aof-redis", popen, log)
-        wait_until(lambda: redis.Redis.from_url(self.url).ping(), 20, "redis-server", self.process)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.popen.pid, signal.SIGKILL)
-        self.process.popen.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
 
 @pytest.mark.slow
 def test_redis_restart_with_aof_keeps_results_and_ends_in_flight_jobs(qwen3_tokenizer, tmp_path):
