@@ -182,7 +182,15 @@ async def _retry_or_end(services: Services, handler: AgentHandler | None, job: J
                         stage: Stage, ending: Ending, **fields: Any) -> None:
     """``stage`` of this attempt failed with ``ending``: retry the job while its class is
     retryable and attempts are left (EVAL alone for an EVAL failure, else from INIT on a fresh
-    sandbox), else end it ``failed`` with ``fields`` (the stage's fallback results)."""
+    sandbox), else end it ``failed`` with ``fields`` (the stage's fallback results).
+
+    An EVAL after a RUN that failed outside the policy (out of attempts: it went to EVAL for the
+    record) is not retried, and the job keeps RUN's class: no evaluation could make it valid."""
+    if stage is Stage.EVAL and record.outcome is not None and not Outcome(record.outcome).reward_valid:
+        extra = _handler_extras(handler, job) if handler is not None else {}
+        await _move(services, Move.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt,
+                                          fields={**fields, "extra": extra}))
+        return
     if ending.outcome.retryable and job.attempt < record.max_attempts:
         again = Stage.EVAL if stage is Stage.EVAL else Stage.INIT
         move = Move(job.job_id, again.pending, "pause", retry_fields(
@@ -462,10 +470,6 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
     except Exception as error:  # noqa: BLE001 - a failed evaluation is never a score
         log.warning("EVAL of job %s failed: %s", job.job_id, describe(error))
         failed = await _fallback(handler.eval_exception(job, error), EvalResult(0.0, {"error": describe(error)}))
-        if record.outcome is not None:  # RUN failed already: its class is the job's
-            await _move(services, Move.finish(job.job_id, JobStatus.FAILED, attempt=job.attempt, fields={
-                "eval": failed.details, "extra": _handler_extras(handler, job)}))
-            return
         await _retry_or_end(services, handler, job, record, Stage.EVAL, classify(Stage.EVAL, error),
                             eval=failed.details)
         return

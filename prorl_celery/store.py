@@ -110,11 +110,11 @@ def outcome(critical_error: str | None, error: str | None, ending: Ending | None
     return {**fields, **classed, "critical_error": critical_error, "error": error}
 
 
-#: fields of an attempt that a retry starts without (its outcome among them: no stage of the
-#: new attempt has failed yet); a retry from INIT also forgets the stages' results
-RETRY_EVAL_RESET = {"critical_error": None, "error": None, "outcome": None, "outcome_stage": None,
-                    "detail": None}
-RETRY_RESET = {**RETRY_EVAL_RESET, "init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
+#: fields of an attempt that a retry from INIT starts without: its outcome (no stage of the new
+#: attempt has failed yet) and the stages' results. A retry of EVAL alone keeps them all (RUN's
+#: own outcome, an agent_error, stays the job's; the failed EVAL wrote none)
+RETRY_RESET = {"critical_error": None, "error": None, "outcome": None, "outcome_stage": None, "detail": None,
+               "init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
                "backend": "", "run_queue": "", "init_node": "", "run_node": "", "eval_node": ""}
 
 
@@ -124,7 +124,7 @@ def retry_fields(record_attempts: list[dict[str, Any]], attempt: int, ending: En
     reset, the counter, and the history with the ended attempt added."""
     history = [*record_attempts, {"attempt": attempt, "outcome": ending.outcome.value, "stage": ending.stage,
                                   "detail": ending.detail, "node": node}]
-    return {**(RETRY_RESET if from_init else RETRY_EVAL_RESET), "attempt": attempt + 1,
+    return {**(RETRY_RESET if from_init else {}), "attempt": attempt + 1,
             "retry_reason": ending.detail, "attempts": history}
 
 

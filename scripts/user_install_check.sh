@@ -10,7 +10,8 @@
 #
 #   PRORL_USER_VENV_CACHE  where the venv is kept between runs (default
 #                          ~/.cache/prorl-celery/user-install): one venv per hash of setup.cfg,
-#                          pyproject.toml and the python; other hashes' venvs are removed
+#                          pyproject.toml, the two requirements files and the python; other
+#                          hashes' venvs are removed
 #   PRORL_USER_CHECK_DIR   logs and sandboxes of this run (default: a new /tmp/prorl-uic.*,
 #                          removed when the check passes, kept and printed when it fails)
 #   PRORL_USER_PYTHON      the python that makes the venv (default python3)
@@ -24,7 +25,9 @@ log() { echo "[user_install_check] $*" >&2; }
 
 base_python="${PRORL_USER_PYTHON:-python3}"
 cache="${PRORL_USER_VENV_CACHE:-${HOME:-/root}/.cache/prorl-celery/user-install}"
-key="$( (cat setup.cfg pyproject.toml; "$base_python" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)"
+# setup.cfg reads install_requires from these two files: a change to either is a new install
+key="$( (cat setup.cfg pyproject.toml requirements/service.txt singularity/sandbox-requirements.txt
+         "$base_python" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)"
 venv="$cache/venv-$key"
 stamp="$venv/.prorl-user-install-freeze"
 # the README's user install, command 1 (without its apt-get and `prorl demo`)

@@ -276,7 +276,7 @@ def run_result(matrix: Matrix, job_id: str) -> dict[str, Any]:
 
 # -- defects found here: agent jobs on an EVAL worker without pytest -------------------------------
 
-AGENT_EXITS_ON_SWE = {"data_source": "agent", "command": "python3 giveup.py", "task": "FM-AGENT",
+AGENT_EXITS_ON_SWE = {"data_source": "agent", "command": "python3 /workspace/giveup.py", "task": "FM-AGENT",
                       "swe": "prorl-swe__romanum-14",
                       "files": {"giveup.py": "import sys\nprint('giving up')\nsys.exit(3)\n"}}
 AGENT_ANSWERS_MATH = {"data_source": "agent", "command": "python3 answer.py", "task": "FM-AGENT",
@@ -301,20 +301,12 @@ def agent_jobs_without_pytest(matrix) -> dict[str, dict[str, Any]]:
         replace_worker(matrix, Stage.EVAL)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "prorl_celery/pipeline.py _staged checks the stage's requirements before _eval runs, so a job whose "
-    "RUN failed out of attempts (env_error here) and whose EVAL worker lacks a requirement ends with "
-    "_retry_or_end's eval_error over RUN's class; _eval itself keeps RUN's class ('RUN failed already')"))
 def test_a_refused_eval_keeps_the_class_of_a_failed_run(agent_jobs_without_pytest):
     result = agent_jobs_without_pytest["exits"]
     assert (result["outcome"], result["outcome_stage"]) == ("env_error", "run"), summary(result)
     assert "exited with code 3" in result["detail"], summary(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "handlers/agent_program/handler.py: AgentProgramHandler.requires takes all of SweHandler.requires "
-    "(pytest for EVAL) and no requirements(job) narrows it to jobs with a swe evaluator, so an EVAL "
-    "worker without pytest refuses every agent job, a math-graded one included (eval_error, never scored)"))
 def test_an_agent_job_graded_as_math_needs_no_pytest(agent_jobs_without_pytest):
     result = agent_jobs_without_pytest["math"]
     assert (result["outcome"], result["reward"]) == ("ok", 1.0), summary(result)
@@ -385,12 +377,15 @@ def test_tool_server_killed_mid_call(matrix):
 
 def test_run_worker_killed(matrix):
     slow = fault_job(sandbox=True, run_sleep_s=60, sleep_first_attempt_only=True)
-    retried, given_up = submit(matrix, slow, max_attempts=2), submit(matrix, slow, max_attempts=1)
+    # three attempts: on a loaded machine the replacement RUN worker may still be starting when
+    # the retried INIT looks for one on the node (two heartbeats), an env_error retried in turn
+    retried, given_up = submit(matrix, slow, max_attempts=3), submit(matrix, slow, max_attempts=1)
     eventually(lambda: status(matrix, retried) == status(matrix, given_up) == "run", 60, "both jobs in RUN")
     replace_worker(matrix, Stage.RUN, kill=True, wait=False)
 
     again = finish(matrix, "RUN worker killed (attempts left)", retried)
-    assert (again["outcome"], classes(again)) == ("ok", ["env_error", "ok"]), summary(again)
+    assert again["outcome"] == "ok" and classes(again)[0] == "env_error", summary(again)
+    assert set(classes(again)[:-1]) == {"env_error"} and classes(again)[-1] == "ok", summary(again)
     lost = finish(matrix, "RUN worker killed (no attempt left)", given_up)
     assert (lost["outcome"], classes(lost)) == ("env_error", ["env_error"]), summary(lost)
     for result in (again["attempts"][0], lost["attempts"][0]):

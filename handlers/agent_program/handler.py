@@ -23,7 +23,17 @@ from handlers.base import AgentHandler, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
 from handlers.swe.handler import BUNDLE_MOUNT, SweHandler, checkout_command
 from prorl_celery.errors import AgentFailure, EnvironmentFailure, EvalUnavailable
-from singularity.requirements import PYTHON3, TOOL_SERVER, Requirement
+from singularity.requirements import (
+    BASH,
+    GIT,
+    MATH_VERIFY,
+    PTYPROCESS,
+    PYTEST,
+    PYTHON3,
+    TIMEOUT,
+    TOOL_SERVER,
+    Requirement,
+)
 
 if TYPE_CHECKING:  # the LLM layer is imported by run alone, when a job runs
     from prorl_celery.llm.session import TokenSession
@@ -46,7 +56,18 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
     name: ClassVar[str] = "agent"
     aliases: ClassVar[tuple[str, ...]] = ("agent_program", "byo_agent")
     node_local: ClassVar[bool] = True
-    requires: ClassVar[tuple[Requirement, ...]] = (*TOOL_SERVER, PYTHON3, *SweHandler.requires)
+    #: the program runs through the tool server's shell; a swe instance needs git, and its
+    #: evaluator the swe one's runner, a math one the grader (``requirements`` picks per job)
+    requires: ClassVar[tuple[Requirement, ...]] = (*TOOL_SERVER, PTYPROCESS, BASH, PYTHON3, GIT, PYTEST, TIMEOUT,
+                                                   MATH_VERIFY)
+
+    def requirements(self, job: JobContext) -> tuple[Requirement, ...]:
+        instance: AgentInstance = self.instance_of(job)
+        needed = [*TOOL_SERVER, PTYPROCESS, BASH, PYTHON3]
+        if instance.swe is not None:
+            needed.append(GIT)
+        needed += {"swe": [PYTEST, TIMEOUT], "math": [MATH_VERIFY]}.get(instance.evaluator_type, [])
+        return tuple(needed)
 
     def parse_instance(self, instance: dict[str, Any]) -> AgentInstance:
         return normalize_instance(instance)

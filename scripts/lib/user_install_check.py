@@ -147,8 +147,10 @@ class Service:
         tmp.mkdir(exist_ok=True)
         env = {**os.environ, "PRORL_SANDBOX_DIR": str(self.workdir / "sb"), "TMPDIR": str(tmp),
                "PYTHONUNBUFFERED": "1"}
-        self.process = Started("prorl up", ["prorl", "up", "--llm", "none", "--tokenizer", self.tokenizer],
-                               self.log, env)
+        # Redis's AOF in this run's directory: never the user's default one (a second check at
+        # once, or a user's own `prorl up`, holds its lock), and phase 2 finds phase 1's state
+        self.process = Started("prorl up", ["prorl", "up", "--llm", "none", "--tokenizer", self.tokenizer,
+                                            "--redis-dir", str(self.workdir / "redis")], self.log, env)
         started = time.monotonic()
         self.url = self.process.wait_for(lambda: _printed(self.log, r"^gateway\s+(http://\S+)"),
                                          "the gateway, redis and all three worker pools up")
