@@ -147,10 +147,10 @@ class Service:
         tmp.mkdir(exist_ok=True)
         env = {**os.environ, "PRORL_SANDBOX_DIR": str(self.workdir / "sb"), "TMPDIR": str(tmp),
                "PYTHONUNBUFFERED": "1"}
-        # Redis's AOF in this run's directory: never the user's default one (a second check at
-        # once, or a user's own `prorl up`, holds its lock), and phase 2 finds phase 1's state
+        # Redis's AOF in this run's directory, and any free port: never the user's default ones
+        # (a second check at once, or a user's own `prorl up`, holds the lock and port 8080)
         self.process = Started("prorl up", ["prorl", "up", "--llm", "none", "--tokenizer", self.tokenizer,
-                                            "--redis-dir", str(self.workdir / "redis")], self.log, env)
+                                            "--redis-dir", str(self.workdir / "redis"), "--port", "0"], self.log, env)
         started = time.monotonic()
         self.url = self.process.wait_for(lambda: _printed(self.log, r"^gateway\s+(http://\S+)"),
                                          "the gateway, redis and all three worker pools up")
