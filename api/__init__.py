@@ -30,7 +30,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     gevent_redis.install()  # under gunicorn's gevent worker only
 
     settings = settings or get_settings()
-    registry.configure(settings.handlers)
+    registry.configure(settings.handlers, **settings.handler_options())
     load_handlers()  # import every task family at start-up, not in the first request
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes

@@ -45,7 +45,8 @@ async def _job(job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) 
     from prorl_celery.services import get_services
 
     services = get_services()
-    registry.configure(services.settings.handlers)  # PRORL_HANDLERS names the scalebench handler
+    # PRORL_HANDLERS names the scalebench handler
+    registry.configure(services.settings.handlers, **services.settings.handler_options())
     handler = get_handler("scalebench")
     context = JobContext(job_id=job_id, task="scalebench", instance=instance, sampling_params=sampling)
     started = time.time()

@@ -3,7 +3,16 @@
 The task families themselves (``handlers.math``, ``handlers.noop``, ...) are imported on
 demand by the registry, so importing this package stays cheap.
 """
-from handlers.base import AgentHandler, ChatLLM, EvalResult, Generation, JobContext, SandboxRequest
+from handlers.base import (
+    AgentHandler,
+    ChatLLM,
+    EndpointRequest,
+    EvalResult,
+    Generation,
+    JobContext,
+    JobEndpoint,
+    SandboxRequest,
+)
 from handlers.registry import (
     UnknownTask,
     clear_cache,
@@ -15,9 +24,11 @@ from handlers.registry import (
 __all__ = [
     "AgentHandler",
     "ChatLLM",
+    "EndpointRequest",
     "EvalResult",
     "Generation",
     "JobContext",
+    "JobEndpoint",
     "SandboxRequest",
     "UnknownTask",
     "clear_cache",

@@ -73,6 +73,28 @@ class ChatLLM(Protocol):
 LLMT = TypeVar("LLMT", bound=ChatLLM | None)
 
 
+@dataclass(frozen=True)
+class EndpointRequest:
+    """A per-job LLM endpoint for an agent program in the job's sandbox (OpenAI-compatible, token
+    exact: DESIGN decision 14). The pipeline serves it over RUN's token session, on a Unix socket
+    beside the tool server's, for the time of RUN, and hands it to ``run`` as ``job.endpoint``."""
+
+    model: str = "policy"  # the model name the endpoint answers to
+    max_calls: int | None = None  # LLM calls it allows (the job's max_iterations)
+
+
+@runtime_checkable
+class JobEndpoint(Protocol):
+    """What ``run`` knows of its job's endpoint (``job.endpoint``)."""
+
+    key: str  # the bearer key the program must send
+    socket: str  # the endpoint's Unix socket, as the sandbox sees it
+    model: str
+
+    def summary(self) -> dict[str, Any]:
+        """Calls, segments, drift events and refusals so far, for the job's result."""
+
+
 @dataclass
 class JobContext:
     """What a handler knows about the job it works on."""
@@ -92,6 +114,8 @@ class JobContext:
     sandbox: Any = None
     #: ``instance`` in the handler's own shape, parsed on first use (``AgentHandler.instance_of``)
     parsed_instance: Any = None
+    #: during RUN of a job whose handler asks for one (``endpoint_request``): a ``JobEndpoint``
+    endpoint: Any = None
 
     def time_left(self) -> float | None:
         """Seconds of budget left, or None when the job has no budget."""
@@ -176,6 +200,10 @@ class AgentHandler(Generic[LLMT]):
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """The sandbox this job needs, or None. A job with a sandbox runs RUN on INIT's node."""
+        return None
+
+    def endpoint_request(self, job: JobContext) -> EndpointRequest | None:
+        """A per-job LLM endpoint for an agent program in the sandbox during RUN, or None."""
         return None
 
     def eval_sandbox_request(self, job: JobContext) -> SandboxRequest | None:

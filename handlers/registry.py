@@ -40,14 +40,20 @@ _instances: dict[str, AgentHandler] = {}
 _instances_lock = threading.Lock()
 #: handlers named by configuration (PRORL_HANDLERS), as "name" -> "module:attribute"
 _configured: dict[str, str] = {}
+#: the handlers' own configuration, handed down by whoever starts the process (``configure``):
+#: a handler reads it with ``option``, never the service's settings
+_options: dict[str, str] = {}
 
 
-def configure(spec: str) -> None:
-    """Set the handlers named by ``"name=module:Class,other=pkg.mod:Class"`` (PRORL_HANDLERS).
+def configure(spec: str, **options: str) -> None:
+    """Set the handlers named by ``"name=module:Class,other=pkg.mod:Class"`` (PRORL_HANDLERS),
+    and the handlers' ``options`` (``swe_repos``: PRORL_SWE_REPOS).
 
     For deployments and tests that load a handler module without installing a distribution;
     an empty spec removes them again.
     """
+    _options.clear()
+    _options.update(options)
     targets = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, sep, target = item.partition("=")
@@ -58,6 +64,11 @@ def configure(spec: str) -> None:
         _configured.clear()
         _configured.update(targets)
         clear_cache()
+
+
+def option(name: str, default: str = "") -> str:
+    """A handler option given to ``configure`` (``default`` when none was)."""
+    return _options.get(name, default)
 
 
 def load_handlers() -> dict[str, type[AgentHandler]]:

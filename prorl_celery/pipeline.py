@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Awaitable, Coroutine
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from handlers import AgentHandler, EvalResult, JobContext, get_handler
@@ -38,6 +39,7 @@ from .errors import (
 from .event_loops import Batched, loop_local, run_coro, thread_loop
 from .job_sandboxes import tool_client
 from .llm.backends import make_backend
+from .llm.openai_endpoint import job_endpoint
 from .llm.pool import Assignment
 from .llm.session import TokenSession
 from .llm.tokenizer import load_tokenizer
@@ -388,7 +390,9 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             await bounded(job, cancelled, session.fit_backend_context())
         if record.sandbox:
             services.sandboxes.adopt(record.sandbox)
-        async with tool_client(record.sandbox) as job.sandbox:
+        socket_dir = str(Path(record.sandbox["socket_path"]).parent) if record.sandbox else None
+        async with tool_client(record.sandbox) as job.sandbox, \
+                job_endpoint(session, handler.endpoint_request(job), socket_dir, job.time_left) as job.endpoint:
             job.run_result = await bounded(job, cancelled, handler.run(job, session))
     except JobCancelled:
         return

@@ -3,7 +3,8 @@
 The gateway's app factory makes its own ``Services(settings)`` and keeps it in
 ``app.extensions`` (``api.extension``); workers use this process's ``get_services()``, built
 from the environment. Neither touches the handler registry: whoever starts a process configures
-it (``handlers.registry.configure(settings.handlers)``) explicitly, in ``api.create_app`` and at
+it (``handlers.registry.configure(settings.handlers, **settings.handler_options())``)
+explicitly, in ``api.create_app`` and at
 worker start-up (``prorl_celery.workers``).
 """
 from __future__ import annotations

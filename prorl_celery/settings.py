@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     process_wait_s: float | None = Field(None, description="longest /process wait; default job budget + 60 s")
 
     uvloop: bool = Field(True, description="stages run on uvloop's event loop (False: asyncio's own)")
+    def handler_options(self) -> dict[str, str]:
+        """The handlers' own configuration (``handlers.registry.configure``): handlers never read
+        these settings themselves."""
+        return {"swe_repos": self.swe_repos}
+
     swe_repos: str = Field("", description="os.pathsep-separated swe git bundle directories, before the shipped ones")
 
     # development and test tooling

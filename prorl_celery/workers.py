@@ -61,7 +61,8 @@ def _quiet_task_lines() -> None:
 def add_node_queue(sender: str, instance, **_: object) -> None:
     """A RUN worker also consumes ``run.<node>``, so plain ``-Q run`` serves node-local jobs."""
     _quiet_task_lines()  # before the consumer builds its task strategies (they read the level once)
-    registry.configure(get_services().settings.handlers)  # PRORL_HANDLERS, before any lookup
+    settings = get_services().settings
+    registry.configure(settings.handlers, **settings.handler_options())  # PRORL_HANDLERS, before any lookup
     load_handlers()  # import every task family now, not during the first job (sympy: 0.5 s)
     _refused.update(refused_tasks())  # logged; reported with the heartbeat, so /status names them
     _reap_sandboxes()

@@ -124,7 +124,8 @@ def app_gateway(cluster: LocalCluster, gateway_app):
     """As ``gateway``, through Flask's test client of ``gateway_app`` instead of gunicorn."""
     from handlers import registry
     redis.Redis.from_url(cluster.state_url).flushdb()
-    registry.configure(gateway_app.extensions["prorl"].settings.handlers)  # process-wide: others reset it
+    settings = gateway_app.extensions["prorl"].settings
+    registry.configure(settings.handlers, **settings.handler_options())  # process-wide: others reset it
     client = gateway_app.test_client()
     client.cluster = cluster
     yield client

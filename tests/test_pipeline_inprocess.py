@@ -15,7 +15,7 @@ def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_strand
     settings = Settings(redis_url=redis_url + "/7", node="lonely-node", heartbeat_s=0.5,
                         handlers="localfault=tests.support.handlers:LocalFaultHandler")
     redis.Redis.from_url(settings.redis_url).flushdb()
-    registry.configure(settings.handlers)
+    registry.configure(settings.handlers, **settings.handler_options())
     services = Services(settings)
     services.store.create("j1", {"task": "localfault", "instance": {}, "budget_s": 10})
     try:

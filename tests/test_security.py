@@ -39,7 +39,8 @@ def secured_app(cluster):
 @pytest.fixture
 def secured(secured_app):
     from handlers import registry
-    registry.configure(secured_app.extensions["prorl"].settings.handlers)  # process-wide: others reset it
+    settings = secured_app.extensions["prorl"].settings
+    registry.configure(settings.handlers, **settings.handler_options())  # process-wide: others reset it
     return secured_app.test_client()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from handlers import JobContext, get_handler
+from handlers import JobContext, get_handler, registry
 from handlers.sandbox_files import read_bytes, write_bytes
 from handlers.swe import SweHandler, load_instances, normalize_instance
 from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths
@@ -128,10 +128,16 @@ def test_max_iterations_is_capped() -> None:
 
 
 def test_extra_bundle_directories(tmp_path, monkeypatch, request) -> None:
+    """PRORL_SWE_REPOS reaches the handler as its configuration, never through the settings."""
     (tmp_path / "acme__widgets.bundle").write_bytes(b"")
     monkeypatch.setenv(REPOS_ENV, str(tmp_path))
     get_settings.cache_clear()  # settings are read once per process: read them again with the variable
     request.addfinalizer(get_settings.cache_clear)
+    request.addfinalizer(lambda: registry.configure(""))
+    with pytest.raises(ValueError, match="acme"):  # not configured yet: only the shipped bundles
+        normalize_instance({**INSTANCES[0], "repo": "acme/widgets"})
+    settings = get_settings()
+    registry.configure(settings.handlers, **settings.handler_options())  # as a worker or the gateway does
     assert normalize_instance({**INSTANCES[0], "repo": "acme/widgets"}).bundle == tmp_path / "acme__widgets.bundle"
 
 

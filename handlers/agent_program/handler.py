@@ -2,9 +2,10 @@
 
 INIT starts the sandbox (the swe repository's bundle bound in when the instance has one),
 checks the repository out, and places the task files (``/workspace/.prorl/task.md`` and the
-instance's ``files``). RUN serves the job's OpenAI-compatible endpoint
-(:mod:`prorl_celery.llm.openai_endpoint`) on a Unix socket in the sandbox's socket directory,
-attached to the job's token session, and runs the program through the in-sandbox runner
+instance's ``files``). For RUN the pipeline serves the job's OpenAI-compatible endpoint (this
+handler's ``endpoint_request``) on a Unix socket in the sandbox's socket directory, attached to
+the job's token session, and hands it in as ``job.endpoint``; RUN runs the program through the
+in-sandbox runner
 (:mod:`singularity.toolserver.agentrun`), which gives it ``OPENAI_BASE_URL`` on a loopback port
 and ``OPENAI_API_KEY`` (a random key of this job). After the program, RUN collects what the
 evaluator needs (the repository's diff, the answer file, a command's exit code). EVAL scores it.
@@ -13,13 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import secrets
 import shlex
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from handlers.agent_program.instances import TASK_DIR, TASK_FILE, AgentInstance, normalize_instance
-from handlers.base import AgentHandler, EvalResult, JobContext, SandboxRequest
+from handlers.base import AgentHandler, ChatLLM, EndpointRequest, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
 from handlers.swe.handler import BUNDLE_MOUNT, SweHandler, checkout_command
 from prorl_celery.errors import AgentFailure, EnvironmentFailure, EvalUnavailable
@@ -35,12 +34,6 @@ from singularity.requirements import (
     Requirement,
 )
 
-if TYPE_CHECKING:  # the LLM layer is imported by run alone, when a job runs
-    from prorl_celery.llm.session import TokenSession
-
-#: the endpoint's socket, next to the tool server's (the directory is bound into the sandbox)
-ENDPOINT_SOCKET = "llm.sock"
-ENDPOINT_INSIDE = f"/run/toolserver/{ENDPOINT_SOCKET}"
 RUN_CONFIG = f"{TASK_DIR}/run.json"
 AGENT_LOG = f"{TASK_DIR}/agent.log"
 LOG_TAIL_BYTES = 8000
@@ -48,9 +41,7 @@ LOG_TAIL_BYTES = 8000
 COLLECT_S = 30.0
 
 
-# RUN's llm is the pipeline's TokenSession itself (pipeline.open_session): the endpoint needs its
-# token-level side (ids, segments, drift events), not only the ChatLLM messages
-class AgentProgramHandler(AgentHandler["TokenSession"]):
+class AgentProgramHandler(AgentHandler[ChatLLM]):
     """Task ``agent``: bring your own agent (see ``instances`` for the instance format)."""
 
     name: ClassVar[str] = "agent"
@@ -102,30 +93,30 @@ class AgentProgramHandler(AgentHandler["TokenSession"]):
             return instance.max_iterations
         return int(job.agent_params.get("max_iterations") or instance.max_iterations)
 
-    async def run(self, job: JobContext, llm: TokenSession) -> dict[str, Any]:
-        from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
-
+    def endpoint_request(self, job: JobContext) -> EndpointRequest:
+        """The program's LLM: the job's endpoint, named by the instance's ``model``."""
         instance: AgentInstance = self.instance_of(job)
-        if job.sandbox is None:
-            raise RuntimeError("the agent task needs its sandbox")
-        key = secrets.token_urlsafe(32)
-        endpoint = AgentEndpoint(llm, key=key, model=instance.model, max_calls=self._max_calls(job, instance),
-                                 time_left=job.time_left)
-        socket_path = Path(job.sandbox.address).parent / ENDPOINT_SOCKET
+        return EndpointRequest(model=instance.model, max_calls=self._max_calls(job, instance))
+
+    async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
+        """Run the program against ``job.endpoint`` (its calls go through ``llm``, the job's
+        token session), then collect what the evaluator needs."""
+        instance: AgentInstance = self.instance_of(job)
+        if job.sandbox is None or job.endpoint is None:
+            raise RuntimeError("the agent task needs its sandbox and its endpoint")
         argv, env = instance.program()
         outcome: dict[str, Any] = {}
         try:
-            async with EndpointServer(endpoint, socket_path):
-                config = {"socket": ENDPOINT_INSIDE, "key": key, "argv": argv, "env": env, "cwd": instance.cwd,
-                          "log": AGENT_LOG, "model": instance.model}
-                await write_text(job.sandbox, RUN_CONFIG, json.dumps(config))
-                left = job.time_left()
-                timeout_s = max(5.0, (left - COLLECT_S) if left is not None else 24 * 3600.0)
-                result = await job.sandbox.bash(
-                    f"python3 -m singularity.toolserver.agentrun {shlex.quote(RUN_CONFIG)}", timeout_s=timeout_s)
-                outcome["program"] = _program_result(result, argv)
+            config = {"socket": job.endpoint.socket, "key": job.endpoint.key, "argv": argv, "env": env,
+                      "cwd": instance.cwd, "log": AGENT_LOG, "model": job.endpoint.model}
+            await write_text(job.sandbox, RUN_CONFIG, json.dumps(config))
+            left = job.time_left()
+            timeout_s = max(5.0, (left - COLLECT_S) if left is not None else 24 * 3600.0)
+            result = await job.sandbox.bash(
+                f"python3 -m singularity.toolserver.agentrun {shlex.quote(RUN_CONFIG)}", timeout_s=timeout_s)
+            outcome["program"] = _program_result(result, argv)
         finally:
-            outcome["endpoint"] = endpoint.summary()
+            outcome["endpoint"] = job.endpoint.summary()
         outcome["program"]["log_tail"] = await _log_tail(job.sandbox)
         outcome.update(await self._collect(job, instance))
         outcome["finish_reason"] = outcome["program"].get("stopped") or "exit"

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from handlers.registry import option
 from handlers.rows import parse_row, prompt_messages, read_max_iterations
-from prorl_celery.settings import get_settings
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED_REPOS = DATA_DIR / "repos"
@@ -152,7 +152,7 @@ def validate_instance(instance: Any) -> None:
 
 def repo_dirs() -> list[Path]:
     """Where bundles are looked up: ``PRORL_SWE_REPOS`` first, then the shipped ones."""
-    extra = [Path(p) for p in get_settings().swe_repos.split(os.pathsep) if p.strip()]
+    extra = [Path(p) for p in option("swe_repos").split(os.pathsep) if p.strip()]
     return [*extra, SHIPPED_REPOS]
 
 

@@ -34,11 +34,16 @@ import hmac
 import json
 import logging
 import os
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from handlers import EndpointRequest
+from singularity.toolserver.agentrun import ENDPOINT_INSIDE, ENDPOINT_SOCKET
 
 from ..errors import BackendError, ContextExhausted
 from .segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
@@ -506,3 +511,34 @@ class EndpointServer:
                 log.exception("the endpoint server failed")
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+
+
+@dataclass(frozen=True)
+class ServedEndpoint:
+    """A job's endpoint as its handler sees it (``handlers.JobEndpoint``)."""
+
+    key: str
+    socket: str
+    model: str
+    endpoint: AgentEndpoint
+
+    def summary(self) -> dict[str, Any]:
+        return self.endpoint.summary()
+
+
+@contextlib.asynccontextmanager
+async def job_endpoint(session: TokenSession | None, request: EndpointRequest | None, socket_dir: str | None,
+                       time_left: Callable[[], float | None]) -> AsyncIterator[ServedEndpoint | None]:
+    """Serve the endpoint a handler asked for (``endpoint_request``) on ``socket_dir``/llm.sock,
+    the sandbox's socket directory, with a fresh random key, for the ``async with`` block (RUN);
+    yields None when it asked for none."""
+    if request is None:
+        yield None
+        return
+    if session is None or socket_dir is None:
+        raise RuntimeError("a per-job endpoint needs the job's LLM session and its sandbox")
+    key = secrets.token_urlsafe(32)
+    endpoint = AgentEndpoint(session, key=key, model=request.model, max_calls=request.max_calls,
+                             time_left=time_left)
+    async with EndpointServer(endpoint, Path(socket_dir) / ENDPOINT_SOCKET):
+        yield ServedEndpoint(key, ENDPOINT_INSIDE, request.model, endpoint)

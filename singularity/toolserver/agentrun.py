@@ -33,6 +33,10 @@ import threading
 import time
 
 RESULT_PREFIX = "PRORL_AGENT_RESULT "
+#: the per-job LLM endpoint's socket: beside the tool server's (the socket directory bound into
+#: the sandbox), served by the worker for the time of RUN
+ENDPOINT_SOCKET = "llm.sock"
+ENDPOINT_INSIDE = f"/run/toolserver/{ENDPOINT_SOCKET}"
 
 
 # -- loopback TCP -> Unix socket ------------------------------------------------------------------
