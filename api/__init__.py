@@ -7,7 +7,7 @@ if TYPE_CHECKING:  # importing the service here would load it into gunicorn's ma
     # gevent worker monkey-patches: its module-level locks would then block the whole worker
     from flask import Flask
 
-    from prorl_celery.settings import Settings
+    from prorl_celery.core.settings import Settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -21,8 +21,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from flask import Flask
 
     from handlers import load_handlers, registry
+    from prorl_celery.core.settings import get_settings
     from prorl_celery.services import Services
-    from prorl_celery.settings import get_settings
 
     from . import auth, dashboard, errors, extension, gevent_redis, routes, status_views
     from .json_provider import MsgspecJSONProvider

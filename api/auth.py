@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 from flask import Flask, redirect, request
 
-from prorl_celery.errors import Forbidden, Unauthorized
-from prorl_celery.settings import Settings
+from prorl_celery.core.errors import Forbidden, Unauthorized
+from prorl_celery.core.settings import Settings
 
 DASHBOARD_PREFIX = "/dashboard"
 DASHBOARD_COOKIE = "prorl_dashboard_token"

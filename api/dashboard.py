@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from flask import Blueprint, jsonify, make_response, redirect, render_template, request, url_for
 
 from handlers import registered_tasks
-from prorl_celery.errors import BadRequest, JobNotFound
-from prorl_celery.results import build_result
-from prorl_celery.status import JobStatus
+from prorl_celery.core.errors import BadRequest, JobNotFound
+from prorl_celery.core.status import JobStatus
+from prorl_celery.wire.results import build_result
 
 from . import dashboard_data, trajectory_view
 from .auth import DASHBOARD_COOKIE, DASHBOARD_PREFIX

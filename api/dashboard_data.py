@@ -1,7 +1,7 @@
 """What the dashboard pages show, read from Redis with bounded queries.
 
 Every read here is bounded by a constant, never by the number of jobs stored: the jobs list
-walks the creation-time index (``prorl_celery.keys.RECENT_JOBS``) one page at a time from a
+walks the creation-time index (``prorl_celery.state.keys.RECENT_JOBS``) one page at a time from a
 cursor, and the throughput chart samples the most recent jobs only.
 """
 from __future__ import annotations
@@ -10,11 +10,11 @@ import math
 import time
 from typing import Any
 
-from prorl_celery import keys
-from prorl_celery.metrics import STAGE_BUCKETS, bucket_label, read_metrics
+from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.services import Services
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobRecord, decode_record
+from prorl_celery.state import keys
+from prorl_celery.state.metrics import STAGE_BUCKETS, bucket_label, read_metrics
+from prorl_celery.state.store import JobRecord, decode_record
 
 from .status_views import service_status
 

@@ -2,7 +2,7 @@
 
 Like httpx's ``map_exceptions``, the mapping is one table read in one place (``answer``):
 
-- an ``HTTPError`` (``prorl_celery.errors``) is answered with its own code and status;
+- an ``HTTPError`` (``prorl_celery.core.errors``) is answered with its own code and status;
 - an error of a library the views use that the client can act on is first turned into the
   ``HTTPError`` it stands for (``MAPPED``): "the request is wrong" (pydantic's validation
   errors, werkzeug's body limit), or "retry later" (redis-py's connection and timeout errors,
@@ -25,7 +25,7 @@ from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from prorl_celery.errors import BadRequest, HTTPError, PayloadTooLarge, ServiceUnavailable
+from prorl_celery.core.errors import BadRequest, HTTPError, PayloadTooLarge, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 

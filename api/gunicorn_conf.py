@@ -1,7 +1,7 @@
 """gunicorn settings for the gateway.
 
 gevent workers by default: a client waiting in ``/process`` or ``GET /jobs/<id>?wait=`` is a
-greenlet parked on an event (``prorl_celery.waiting``), not an OS thread, so one worker holds
+greenlet parked on an event (``prorl_celery.state.waiting``), not an OS thread, so one worker holds
 thousands of waiting requests (``PRORL_GATEWAY_CONNECTIONS`` each). gunicorn's gevent worker
 monkey-patches the process before the app loads, so redis-py, kombu and the waiter's listener
 are cooperative. ``PRORL_GATEWAY_WORKER_CLASS=gthread`` is the thread-per-request fallback (each
@@ -9,7 +9,7 @@ waiting request holds one of ``PRORL_GATEWAY_THREADS``); never the sync worker, 
 hold long waits. Without gevent installed, gthread is used. gunicorn parses requests with its C
 parser when ``gunicorn-h1c`` (a dependency) is installed (its default ``http_parser = auto``).
 
-These ``PRORL_GATEWAY_*`` variables are the one group read outside ``prorl_celery.settings``, and
+These ``PRORL_GATEWAY_*`` variables are the one group read outside ``prorl_celery.core.settings``, and
 on purpose: gunicorn's master imports this file before the gevent worker monkey-patches, and any
 service module imported here (the settings included) would keep unpatched locks that freeze a
 worker's greenlets (``tests/test_waiting.py`` checks that nothing of the service loads).

@@ -7,13 +7,13 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, TypeAdapter
 
-from prorl_celery import job_intake
-from prorl_celery.errors import BadRequest, Forbidden, JobNotFound
-from prorl_celery.job_intake import JobSpec
+from prorl_celery.core.errors import BadRequest, Forbidden, JobNotFound
 from prorl_celery.llm.pool import probe
-from prorl_celery.results import build_result, pending_result, results_as_they_end
-from prorl_celery.store import JobRecord, decode_record
-from prorl_celery.waiting import RecordWait
+from prorl_celery.state.store import JobRecord, decode_record
+from prorl_celery.state.waiting import RecordWait
+from prorl_celery.wire import job_intake
+from prorl_celery.wire.job_intake import JobSpec
+from prorl_celery.wire.results import build_result, pending_result, results_as_they_end
 
 from .extension import app_services
 from .schemas import (
@@ -58,7 +58,7 @@ def prepare(body: ProcessRequest) -> JobSpec:
 
 def submit(specs: list[JobSpec]) -> list[job_intake.Submitted]:
     # with the other requests' jobs being submitted at the same time: one create and one publish
-    # round trip for them all (prorl_celery.group_commit)
+    # round trip for them all (prorl_celery.state.group_commit)
     return app_services().intake.submit(specs)
 
 

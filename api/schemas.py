@@ -11,7 +11,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 class SamplingParams(BaseModel):
     """A v1 ``sampling_params``: sampler, agent and trainer-side keys side by side.
 
-    Known keys are type-checked here; ``prorl_celery.sampling.split`` decides what each one
+    Known keys are type-checked here; ``prorl_celery.llm.sampling.split`` decides what each one
     does. Other keys are accepted (v1 trainers send many) and never sent to an LLM server.
     """
 

@@ -13,12 +13,12 @@ from prometheus_client.core import (
 )
 
 from handlers import registered_tasks
-from prorl_celery import keys
-from prorl_celery.connection import get_redis
-from prorl_celery.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
-from prorl_celery.nodes import live_workers
+from prorl_celery.core.status import Stage
 from prorl_celery.services import Services
-from prorl_celery.status import Stage
+from prorl_celery.state import keys
+from prorl_celery.state.connection import get_redis
+from prorl_celery.state.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
+from prorl_celery.state.nodes import live_workers
 
 from .extension import app_services
 from .openapi import openapi_document
@@ -38,7 +38,7 @@ def service_status(services: Services) -> dict[str, Any]:
         "stages": {stage.value: {"queued": counts[stage.pending.value], "active": counts[stage.active.value],
                                  "broker_depth": depth[stage]} for stage in Stage},
         "jobs": counts,
-        # how the jobs that ended did (prorl_celery.outcomes): only ok and agent_error are rewards
+        # how the jobs that ended did (prorl_celery.core.outcomes): only ok and agent_error are rewards
         "outcomes": services.store.outcome_counts(),
         "generation": services.pool.generation(),
         # each with its health: healthy (routed to), since (when it entered that state), detail

@@ -54,9 +54,9 @@ from typing import Any
 import httpx
 
 from bench._cli import machine_note, markdown_table, run_benchmark
-from prorl_celery.client import TERMINAL_STATUSES
-from prorl_celery.local import LocalCluster, ManagedProcess
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess
+from prorl_celery.trainer.client import TERMINAL_STATUSES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "burst.json"
@@ -199,7 +199,7 @@ def start_cluster(plan: Plan, size: int, log_dir: Path, tokenizer: str, rules: P
     env = {"PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     if plan.gateway_threads:
         env["PRORL_GATEWAY_THREADS"] = str(plan.gateway_threads)
-    command = [sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules), "--tokenizer", tokenizer,
+    command = [sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(rules), "--tokenizer", tokenizer,
                "--port", "{port}", "--log-level", "warning"]
     cluster = LocalCluster(tokenizer=tokenizer, llm_command=command, env=env, gateway_workers=plan.gateway_workers,
                            concurrency={Stage.INIT: plan.init_concurrency,
@@ -360,7 +360,7 @@ async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
     """submit_many (POST /jobs in batches), then one POST /jobs/wait stream per WAIT_CHUNK ids
     (``per_job``: every job's GET /jobs/<id>?wait=, all at once, instead; also on a baseline
     tree from before POST /jobs/wait, whose batched style waited so)."""
-    from prorl_celery.client import AsyncRolloutClient, JobRequest
+    from prorl_celery.trainer.client import AsyncRolloutClient, JobRequest
 
     ids = job_ids(tag, size)
     gateway = LightHTTP(cluster.gateway_url)
@@ -443,7 +443,7 @@ def admitted_s(cluster: LocalCluster, results: list[dict], t0: float) -> float |
 
 def run_async(coro: Any) -> Any:
     """On uvloop's loop when installed (cheaper per connection), as the workers run theirs."""
-    from prorl_celery.event_loops import new_event_loop
+    from prorl_celery.core.event_loops import new_event_loop
 
     loop = new_event_loop()
     try:
@@ -524,7 +524,7 @@ def start_profile(plan: Plan, worker: ManagedProcess, name: str) -> subprocess.P
 
 def start_run(benchmark: str, plan: Plan, plan_fields: dict[str, Any]) -> tuple[dict[str, Any], Path, str, Path]:
     """A run's result skeleton (machine, plan), log directory, tokenizer and LLM rules file."""
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"prorl-{benchmark}-"))
     result: dict[str, Any] = {

@@ -1,13 +1,13 @@
 """DAPO collection: the batch-synchronous baseline against the collector, in one run.
 
-Both sides drive the same real service (a :class:`~prorl_celery.local.LocalCluster`: gunicorn
+Both sides drive the same real service (a :class:`~prorl_celery.dev.local.LocalCluster`: gunicorn
 gateway, Celery INIT/RUN/EVAL pools, Redis, the ``math`` handler) on the same simulated
 backends, with the same prompt stream and the same rollout concurrency N = G * n:
 
 * **baseline** (batch-synchronous dynamic sampling, as verl's DAPO recipe): submit G prompts x n
   rollouts, wait for all of them, drop the groups whose rewards are all equal, repeat until B
   informative groups are in hand (extras are discarded);
-* **collector** (:class:`prorl_celery.dapo.AsyncDAPOCollector`): N rollouts always in flight,
+* **collector** (:class:`prorl_celery.trainer.dapo.AsyncDAPOCollector`): N rollouts always in flight,
   replenished one by one, the step cut the moment B informative groups are complete, the
   useful unfinished groups carried over and the rest cancelled.
 
@@ -52,10 +52,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from bench._cli import run_benchmark
-from prorl_celery.client import AsyncRolloutClient, JobRequest, new_job_id
-from prorl_celery.dapo import AsyncDAPOCollector, not_all_equal
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.trainer.client import AsyncRolloutClient, JobRequest, new_job_id
+from prorl_celery.trainer.dapo import AsyncDAPOCollector, not_all_equal
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "dapo.json"
@@ -323,7 +323,7 @@ def start_backends(plan: Plan, tokenizer: str, log_dir: Path) -> tuple[list[Mana
 
 
 def run(plan: Plan) -> dict[str, Any]:
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
 
     tokenizer = str(ensure_tokenizer("qwen3"))
     log_dir = Path(tempfile.mkdtemp(prefix="bench-dapo-"))

@@ -31,11 +31,11 @@ from typing import Any
 import redis
 
 from api import dashboard_data
-from prorl_celery import keys
-from prorl_celery.local import free_port, redis_server_binary, wait_until
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.dev.local import free_port, redis_server_binary, wait_until
 from prorl_celery.services import Services
-from prorl_celery.settings import Settings
-from prorl_celery.status import JobStatus, Stage
+from prorl_celery.state import keys
 
 from ._cli import run_benchmark
 

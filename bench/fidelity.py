@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # the text path is built by the code a text-path training run uses (examples/grpo_trl_cpu.py --path text)
-from prorl_celery.integrations.trl import (  # noqa: E402
+from prorl_celery.trainer.integrations.trl import (  # noqa: E402
     align,
     cut_after_last_eot,
     plain_messages,
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
     from prorl_celery.llm.tokenizer import load_tokenizer
 
     torch.set_num_threads(max(1, torch.get_num_threads()))

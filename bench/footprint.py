@@ -3,7 +3,7 @@
 For each source tree given (default: this one; ``--tree DIR`` adds another, e.g. an exported
 older commit, put first on ``PYTHONPATH``), interleaved over ``--repeat`` rounds:
 
-- import time of ``prorl_celery.tasks`` (what a worker imports) in a fresh interpreter, and
+- import time of ``prorl_celery.worker.tasks`` (what a worker imports) in a fresh interpreter, and
   whether ``transformers``/``torch`` got imported;
 - idle RSS of a RUN worker (``celery -A prorl_celery worker -Q run -c C``) once it is ready and
   has preloaded the tokenizer, and of a one-process gateway (gunicorn master + worker).
@@ -31,12 +31,12 @@ import redis
 
 from bench._cli import run_benchmark
 from bench.burst import group_rss_mb
-from prorl_celery.local import ManagedProcess, free_port, wait_until
+from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "footprint.json"
 TARGET_RUN_RSS_MB = 150.0
-IMPORT_CODE = ("import sys, time; t = time.perf_counter(); import prorl_celery.tasks; "
+IMPORT_CODE = ("import sys, time; t = time.perf_counter(); import prorl_celery.worker.tasks; "
                "print(time.perf_counter() - t, int('transformers' in sys.modules), int('torch' in sys.modules))")
 
 
@@ -80,7 +80,7 @@ def idle_rss(tree: Path, redis_url: str, tokenizer: str, concurrency: int, log_d
 
 
 def run(trees: list[Path], repeat: int, concurrency: int) -> dict[str, Any]:
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
 
     log_dir = Path(tempfile.mkdtemp(prefix="prorl-footprint-"))
     tokenizer = str(ensure_tokenizer("qwen3"))
@@ -111,7 +111,7 @@ def run(trees: list[Path], repeat: int, concurrency: int) -> dict[str, Any]:
 
 def report(result: dict[str, Any]) -> str:
     lines = [f"RUN worker -c {result['concurrency']}, medians of {result['repeat']} (load {result['loadavg'][0]:.1f})",
-             "", "| tree | import prorl_celery.tasks | torch imported | RUN worker idle RSS | ready after "
+             "", "| tree | import prorl_celery.worker.tasks | torch imported | RUN worker idle RSS | ready after "
              "| gateway idle RSS (1 worker) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for tree, s in result["summary"].items():

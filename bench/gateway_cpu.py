@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 
 from bench._cli import markdown_table, run_benchmark
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway_cpu.json"

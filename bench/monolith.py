@@ -35,14 +35,14 @@ app.conf.update(
 
 @app.task(name="mono.job")
 def job(job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
-    from prorl_celery.event_loops import run_coro
+    from prorl_celery.core.event_loops import run_coro
     return run_coro(_job(job_id, instance, sampling))
 
 
 async def _job(job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
     from handlers import JobContext, get_handler, registry
-    from prorl_celery.pipeline import open_session
     from prorl_celery.services import get_services
+    from prorl_celery.worker.pipeline import open_session
 
     services = get_services()
     # PRORL_HANDLERS names the scalebench handler

@@ -3,7 +3,7 @@
 Both run in one process tree, on one redis-server, in the same run:
 
 * **service**: ``POST /process`` with task ``noop`` (no LLM call) to the gunicorn gateway of a
-  :class:`~prorl_celery.local.LocalCluster`; the job goes through INIT, RUN and EVAL on the
+  :class:`~prorl_celery.dev.local.LocalCluster`; the job goes through INIT, RUN and EVAL on the
   three Celery worker pools and the response comes back when it has ended (db 0 broker, db 1
   job state);
 * **baseline**: ``celery.chain`` of three no-op tasks on three queues served by three worker
@@ -43,14 +43,14 @@ import redis
 from tqdm import tqdm
 
 from bench._cli import run_benchmark
-from prorl_celery.local import (
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import (
     DEFAULT_CONCURRENCY,
     LocalCluster,
     ManagedProcess,
     free_port,
     wait_until,
 )
-from prorl_celery.status import Stage
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead.json"

@@ -31,9 +31,9 @@ from celery import Celery
 
 from bench._cli import run_benchmark
 from prorl_celery.celery_app import Message, create_celery, publish
-from prorl_celery.local import ManagedProcess, free_port, redis_server_binary, wait_until
-from prorl_celery.settings import Settings
-from prorl_celery.status import Stage
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import ManagedProcess, free_port, redis_server_binary, wait_until
 
 RESULTS = Path(__file__).resolve().parent / "results" / "publish.json"
 BATCHES = (1, 4, 32)

@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     import uvloop
 
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
+    from prorl_celery.dev.local import free_port
     from prorl_celery.llm.tokenizer import load_tokenizer
-    from prorl_celery.local import free_port
 
     tokenizer = str(ensure_tokenizer("qwen3"))
     directory = Path(tempfile.mkdtemp(prefix="prorl-run-turn-"))
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rules.write_text(json.dumps([{"match": "CLIENT", "replies": ["The answer is \\boxed{2}."],
                                   "delay_s": args.delay, "scope": "prompt"}]))
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules),
+    server = subprocess.Popen([sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(rules),
                                "--tokenizer", tokenizer, "--port", str(port), "--log-level", "warning"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -97,7 +97,7 @@ def _part(values: dict[str, list[float]], this: str, before: str) -> dict[str, A
 
 
 def _starts(stages: int, rounds: int) -> dict[str, list[float]]:
-    from prorl_celery.event_loops import StageLoop
+    from prorl_celery.core.event_loops import StageLoop
 
     class PerStage(StageLoop):
         def _spawn(self, coros: list[Any]) -> None:  # what admit_many did before

@@ -43,8 +43,8 @@ import httpx
 import redis
 
 from bench._cli import run_benchmark
-from prorl_celery.local import LocalCluster, ManagedProcess, _with_db, free_port, wait_until
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess, _with_db, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
@@ -118,7 +118,7 @@ def rules_file(directory: Path, delay_s: float) -> Path:
 
 
 def llm_command(rules: Path, tokenizer: str, port: str = "{port}") -> list[str]:
-    return [sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules), "--tokenizer", tokenizer,
+    return [sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(rules), "--tokenizer", tokenizer,
             "--port", port, "--log-level", "warning"]
 
 
@@ -505,7 +505,7 @@ def routing(cluster: LocalCluster, client: httpx.Client, plan: Plan, base_url: s
 # -- the run --------------------------------------------------------------------------------------------
 
 def run(plan: Plan) -> dict[str, Any]:
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
 
     tokenizer = str(ensure_tokenizer("qwen3"))
     log_dir = Path(tempfile.mkdtemp(prefix="prorl-bench-scale-"))

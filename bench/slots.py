@@ -33,7 +33,7 @@ import httpx
 
 from bench._cli import machine_note, markdown_table, run_benchmark
 from bench.burst import Plan, batched, group_cpu_s, llm_base, named, run_async, start_cluster, start_run, trees_of
-from prorl_celery.local import LocalCluster
+from prorl_celery.dev.local import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "slots.json"
 #: the targets: makespan within this of the ideal, and a freed slot busy again within this (mean)

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prorl_celery.event_loops import new_event_loop
+from prorl_celery.core.event_loops import new_event_loop
 from singularity.runtime import BubblewrapRuntime, SandboxSpec
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.launch import LocalToolServer, command, environment

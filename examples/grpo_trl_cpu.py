@@ -13,7 +13,7 @@ What runs:
 2. a local service (Redis, gateway, INIT/RUN/EVAL Celery pools; the python tool runs in the
    sandbox) and a real vLLM (CPU build, float32) on the warm-started weights;
 3. per seed: held-out accuracy (greedy, through the service), then TRL's ``GRPOTrainer`` with
-   ``prorl_celery.integrations.trl.ProrlRollout`` as its ``rollout_func``: every rollout is a
+   ``prorl_celery.trainer.integrations.trl.ProrlRollout`` as its ``rollout_func``: every rollout is a
    multi-turn math job through the gateway, the reward is the service's EVAL
    (``service_reward``), and the trainer's weights are pushed to vLLM before every step
    (``VLLMWeightSync``: pause keep, reload, version, resume); then held-out accuracy again, and
@@ -76,7 +76,7 @@ def warm_start(out: Path, problems, steps: int, lr: float, log) -> dict[str, Any
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from prorl_celery.devmodels import ensure_tokenizer, ensure_vllm_model, sft_batch, sft_sequences
+    from prorl_celery.dev.devmodels import ensure_tokenizer, ensure_vllm_model, sft_batch, sft_sequences
 
     base = ensure_vllm_model("qwen3")
     tok = AutoTokenizer.from_pretrained(base)
@@ -116,7 +116,7 @@ def warm_start(out: Path, problems, steps: int, lr: float, log) -> dict[str, Any
 
 def held_out_accuracy(gateway_url: str, rows, max_tokens: int) -> float:
     """Greedy rollouts of the held-out rows through the service: the mean reward."""
-    from prorl_celery.client import JobRequest, RolloutClient
+    from prorl_celery.trainer.client import JobRequest, RolloutClient
 
     with RolloutClient(gateway_url) as client:
         ids = client.submit_many([JobRequest({k: v for k, v in r.items() if k != "prompt"},
@@ -142,10 +142,10 @@ def train_seed(seed: int, path: str, args, gateway_url: str, vllm_address: str, 
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from prorl_celery.devmodels import ensure_tokenizer
-    from prorl_celery.integrations.trl import ProrlRollout, service_reward
+    from prorl_celery.dev.devmodels import ensure_tokenizer
     from prorl_celery.llm.tokenizer import load_tokenizer
-    from prorl_celery.weights import VLLMWeightSync
+    from prorl_celery.trainer.integrations.trl import ProrlRollout, service_reward
+    from prorl_celery.trainer.weights import VLLMWeightSync
 
     score_only_completions_on_cpu()
     before = held_out_accuracy(gateway_url, test_rows, args.max_tokens)
@@ -298,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the local service and vLLM are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from prorl_celery.devmodels import ensure_tokenizer
-    from prorl_celery.local import LocalCluster
-    from prorl_celery.status import Stage
-    from prorl_celery.vllmcpu import find_vllm_python, vllm_launch_command
+    from prorl_celery.core.status import Stage
+    from prorl_celery.dev.devmodels import ensure_tokenizer
+    from prorl_celery.dev.local import LocalCluster
+    from prorl_celery.dev.vllmcpu import find_vllm_python, vllm_launch_command
 
     python, why = find_vllm_python()
     if python is None:

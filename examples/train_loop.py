@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prorl_celery.client import RolloutClient
-from prorl_celery.dapo import Batch, DAPOCollector, Group
+from prorl_celery.trainer.client import RolloutClient
+from prorl_celery.trainer.dapo import Batch, DAPOCollector, Group
 
 PROMPTS = 24
 #: per prompt: easy (always right), hard (always wrong), medium (right on even samples)
@@ -46,7 +46,7 @@ def problems() -> list[dict[str, Any]]:
 
 
 def scripted_rules() -> list[dict[str, Any]]:
-    """Rules for ``prorl_celery.llm.serve --scripted``: the reply depends on the prompt and the
+    """Rules for ``prorl_celery.dev.llm_server --scripted``: the reply depends on the prompt and the
     sample mark that :func:`sample_request` adds, so the samples of one prompt can disagree."""
     rules = []
     for p in problems():
@@ -139,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--llm is required with --gateway")
         train(args.gateway, args.llm, **options)
         return 0
-    from prorl_celery.devmodels import ensure_tokenizer
-    from prorl_celery.local import LocalCluster
+    from prorl_celery.dev.devmodels import ensure_tokenizer
+    from prorl_celery.dev.local import LocalCluster
 
     tokenizer = str(ensure_tokenizer("qwen3"))
     rules = Path(tempfile.mkstemp(prefix="train-loop-rules-", suffix=".json")[1])
     rules.write_text(json.dumps(scripted_rules()))
-    command = [sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules), "--tokenizer", tokenizer,
+    command = [sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(rules), "--tokenizer", tokenizer,
                "--port", "{port}"]
     with LocalCluster(llm_command=command, tokenizer=tokenizer) as cluster:
         print(f"service at {cluster.gateway_url}, scripted LLM at {cluster.llm_url}, logs in {cluster.log_dir}")

@@ -11,7 +11,7 @@ what it needs as arguments:
     <stage>_exception(job, e) -> fallback of the same type, so the job still ends well-formed
     final_result(job)         -> dict            extra fields merged into the job's final result
 
-A stage that raises is classed by the pipeline (``prorl_celery.outcomes``): a failure outside
+A stage that raises is classed by the pipeline (``prorl_celery.core.outcomes``): a failure outside
 the policy is retried while the job has attempts left, then ends the job with its fallback, and
 its reward is not valid. An evaluator that cannot judge raises (``EvalUnavailable`` names why):
 it never returns 0. The policy's own failure (``AgentFailure``, a context that ran out) in RUN
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
 from singularity.requirements import Requirement
 
 
@@ -102,7 +102,7 @@ class JobContext:
     job_id: str
     task: str
     instance: dict[str, Any]
-    sampling_params: dict[str, Any] = field(default_factory=dict)  # sampler keys (prorl_celery.sampling)
+    sampling_params: dict[str, Any] = field(default_factory=dict)  # sampler keys (prorl_celery.llm.sampling)
     #: agent keys of sampling_params: max_iterations, max_output_tokens, max_input_tokens, ...
     agent_params: dict[str, Any] = field(default_factory=dict)
     init_result: dict[str, Any] = field(default_factory=dict)

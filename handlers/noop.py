@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from handlers.base import AgentHandler, EvalResult, JobContext
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
 
 
 class NoopHandler(AgentHandler[None]):

@@ -19,7 +19,7 @@ import threading
 from importlib.metadata import entry_points
 
 from handlers.base import AgentHandler
-from prorl_celery.errors import UnknownTask
+from prorl_celery.core.errors import UnknownTask
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.uuid import uuid
 
-from .connection import broker_ssl_options
-from .settings import Settings, get_settings
-from .status import Stage
-from .store import SENT_HEADER, UNCLAIMED_STAGES
+from prorl_celery.core.settings import Settings, get_settings
+from prorl_celery.core.status import Stage
+from prorl_celery.state.connection import broker_ssl_options
+from prorl_celery.state.store import SENT_HEADER, UNCLAIMED_STAGES
 
 STAGE_QUEUES = tuple(stage.value for stage in Stage)
 #: the queues workers consume without acks (see StageFetchGate and leases.republish_lost)
@@ -134,7 +134,7 @@ class RunSlotGate(bootsteps.StartStopStep):
             return
         from celery.worker import state
 
-        from .event_loops import stage_loop
+        from prorl_celery.core.event_loops import stage_loop
         loop = stage_loop(get_settings().run_slots or parent.controller.concurrency)
         qos = parent.task_consumer.channel.qos
         fetch_allowed = qos.can_consume
@@ -246,10 +246,10 @@ def _next_turn() -> None:
 def create_celery(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """The stage queues' Celery app on ``settings``' broker (default: the environment's)."""
     settings = settings or get_settings()
-    # workers import the signal handlers (prorl_celery.workers) with the tasks, before the
+    # workers import the signal handlers (prorl_celery.worker.signals) with the tasks, before the
     # start-up signals fire; nothing else that imports the app loads them
     app = Celery("prorl_celery", broker=settings.effective_broker_url,
-                 include=["prorl_celery.tasks", "prorl_celery.workers"], set_as_current=set_as_current)
+                 include=["prorl_celery.worker.tasks", "prorl_celery.worker.signals"], set_as_current=set_as_current)
     app.steps["consumer"].add(RunSlotGate)
     app.steps["consumer"].add(StageFetchGate)
     transport = {
@@ -282,7 +282,7 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
         # the stage claim in the job store already turns any redelivery into a no-op
         task_acks_late=False,
         worker_prefetch_multiplier=1,  # a busy worker must not hoard long jobs
-        # worker_disable_prefetch only on RUN workers (prorl_celery.workers): with the threads
+        # worker_disable_prefetch only on RUN workers (prorl_celery.worker.signals): with the threads
         # pool a full worker then re-polls only once a second, which cost the pipeline 40 % of
         # its throughput on short INIT/EVAL stages; INIT/EVAL workers have StageFetchGate, the
         # same limit with the hub woken as each task ends

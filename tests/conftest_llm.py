@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from prorl_celery.devmodels import ensure_tiny_model, ensure_tokenizer
+from prorl_celery.dev.devmodels import ensure_tiny_model, ensure_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +56,7 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture
 def llm_server() -> Iterator[Callable[..., Any]]:
-    from prorl_celery.llm.serve import BackgroundServer, create_llm_app
+    from prorl_celery.dev.llm_server import BackgroundServer, create_llm_app
 
     started: list[Any] = []
 
@@ -73,7 +73,7 @@ def llm_server() -> Iterator[Callable[..., Any]]:
 @pytest.fixture
 def scripted_llm_server(llm_server: Callable[..., Any], qwen3_hf_tokenizer: Any,
                         llama3_hf_tokenizer: Any) -> Callable[..., Any]:
-    from prorl_celery.llm.serve import ScriptedEngine
+    from prorl_celery.dev.llm_server import ScriptedEngine
 
     tokenizers = {"qwen3": qwen3_hf_tokenizer, "llama3": llama3_hf_tokenizer}
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from prorl_celery.assignment import LOOPBACK, assign_backends, node_of, resolve_host
+from prorl_celery.trainer.assignment import LOOPBACK, assign_backends, node_of, resolve_host
 
 # host names resolved by a table, so the tests need no DNS
 HOSTS = {"gpu-a": "10.0.0.1", "gpu-b": "10.0.0.2", "gpu-c": "10.0.0.3", "gpu-d": "10.0.0.4"}

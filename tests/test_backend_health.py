@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.connection import get_redis
+from prorl_celery.dev.local import free_port
 from prorl_celery.llm.pool import BackendPool, Health, probe
-from prorl_celery.local import free_port
+from prorl_celery.state import keys
+from prorl_celery.state.connection import get_redis
 from tests.support.services import eventually
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from prorl_celery.client import JobRequest, RolloutClient
+from prorl_celery.trainer.client import JobRequest, RolloutClient
 
 
 @pytest.fixture

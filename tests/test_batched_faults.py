@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from prorl_celery.celery_app import Message, create_celery, publish
-from prorl_celery.connection import get_redis
-from prorl_celery.settings import Settings
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobStore
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.state.connection import get_redis
+from prorl_celery.state.store import JobStore
 from tests.support.cutting_proxy import AfterCommand, CuttingProxy
 from tests.support.services import own_redis_fixture
 

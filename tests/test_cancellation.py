@@ -9,9 +9,9 @@ import time
 import pytest
 import redis
 
-from prorl_celery.cancellation import CancelWatcher
-from prorl_celery.status import JobStatus
-from prorl_celery.store import JobStore
+from prorl_celery.core.status import JobStatus
+from prorl_celery.state.cancellation import CancelWatcher
+from prorl_celery.state.store import JobStore
 from tests.support.services import own_redis_fixture
 
 own_redis = own_redis_fixture("redis-cancel")

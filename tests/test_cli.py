@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from prorl_celery.local import free_port, wait_until
+from prorl_celery.dev.local import free_port, wait_until
 
 #: the command under test, from this checkout (the installed `prorl` script may point elsewhere)
 PRORL = [sys.executable, "-m", "prorl_celery.cli"]
@@ -112,7 +112,7 @@ def test_up_persists_redis_by_default(monkeypatch, tmp_path):
     """Without options, ``prorl up`` starts redis-server with AOF (fsync every second) in the
     user's state directory; ``--redis-persistence none`` or a Redis of one's own turn it off."""
     from prorl_celery.cli import _redis_dir, up
-    from prorl_celery.local import redis_command
+    from prorl_celery.dev.local import redis_command
     for name in ("PRORL_REDIS_URL", "PRORL_REDIS_DIR", "PRORL_REDIS_PERSISTENCE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -229,7 +229,7 @@ def test_submit_without_a_gateway_says_to_start_one(tmp_path):
 def test_a_child_that_did_not_start_is_one_line_with_its_log(tmp_path):
     """What ``prorl up`` prints when gunicorn, a worker or the LLM server exits while starting."""
     from prorl_celery.cli import expected_failure
-    from prorl_celery.local import ManagedProcess
+    from prorl_celery.dev.local import ManagedProcess
     log = tmp_path / "gateway.log"
     log.write_text("[INFO] Starting gunicorn\n[ERROR] Connection in use: ('127.0.0.1', 8080)\n\n")
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])

@@ -13,7 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from prorl_celery.client import (
+from prorl_celery.core.errors import BadRequest, JobNotFound, ProrlError, ServiceStopped, UnknownTask
+from prorl_celery.core.outcomes import Outcome
+from prorl_celery.dev.local import free_port
+from prorl_celery.trainer.client import (
     AsyncRolloutClient,
     GatewayError,
     GatewayUnavailable,
@@ -27,9 +30,6 @@ from prorl_celery.client import (
     is_trainable,
     reward_of,
 )
-from prorl_celery.errors import BadRequest, JobNotFound, ProrlError, ServiceStopped, UnknownTask
-from prorl_celery.local import free_port
-from prorl_celery.outcomes import Outcome
 
 LOSE_REPLY = "lose reply"
 FAST = RetryPolicy(attempts=6, backoff_s=0.001, max_backoff_s=0.01, deadline_s=5)
@@ -332,7 +332,7 @@ async def test_async_as_completed_yields_in_completion_order():
 
 @pytest.mark.anyio
 async def test_many_waits_are_one_stream_per_chunk_resumed_after_a_drop(monkeypatch):
-    import prorl_celery.client as client_module
+    import prorl_celery.trainer.client as client_module
 
     monkeypatch.setattr(client_module, "WAIT_MANY_MAX", 2)
     fake = FakeGateway()

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from handlers.code import load_problems
-from prorl_celery import keys
+from prorl_celery.state import keys
 from tests.support.services import rules_file, start_llm_server
 
 SOLUTIONS = json.loads((Path(__file__).parent / "data" / "code_solutions.json").read_text())

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from prorl_celery.client import AsyncRolloutClient, GatewayUnavailable, RetryPolicy, RolloutClient
-from prorl_celery.dapo import (
+from prorl_celery.dev.local import LocalCluster
+from prorl_celery.trainer.client import AsyncRolloutClient, GatewayUnavailable, RetryPolicy, RolloutClient
+from prorl_celery.trainer.dapo import (
     AsyncDAPOCollector,
     DAPOCollector,
     Group,
@@ -23,7 +24,6 @@ from prorl_celery.dapo import (
     StepStats,
     not_all_equal,
 )
-from prorl_celery.local import LocalCluster
 from tests.support.services import rules_file, start_llm_server
 from tests.test_client import FAST, LOSE_REPLY, FakeGateway
 

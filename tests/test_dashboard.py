@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from api import dashboard_data
-from prorl_celery import keys
+from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.llm.tokenizer import load_tokenizer
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobRecord, JobStore, outcome
+from prorl_celery.state import keys
+from prorl_celery.state.store import JobRecord, JobStore, outcome
 from tests.support.app import close_app, make_app
 
 XSS = "<script>window.__xss=1</script>"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prorl_celery import devmodels
+from prorl_celery.dev import devmodels
 
 pytest_plugins = ["tests.conftest_llm"]  # also registered by tests/conftest.py
 
@@ -107,7 +107,7 @@ def test_unknown_tokenizer_name():
 _BUILDER = """
 import os, sys, time
 from pathlib import Path
-from prorl_celery import devmodels
+from prorl_celery.dev import devmodels
 def build(out):
     with open(os.environ["BUILD_LOG"], "a") as log:
         log.write(f"{os.getpid()}\\n")

@@ -41,11 +41,11 @@ import pytest
 import redis
 
 from handlers.swe import load_instances
-from prorl_celery import keys
-from prorl_celery.local import LocalCluster, ManagedProcess
-from prorl_celery.node_sandboxes import RedisSandboxLedger
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobStore
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess
+from prorl_celery.state import keys
+from prorl_celery.state.store import JobStore
+from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
 from tests.support.aof_redis import AofRedis
 from tests.support.faulty_backend import FaultyBackend

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.local import LocalCluster, ManagedProcess
-from prorl_celery.node_sandboxes import RedisSandboxLedger
-from prorl_celery.status import JobStatus, Stage
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess
+from prorl_celery.state import keys
+from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
 from tests.support.aof_redis import AofRedis
 from tests.support.services import ROOT, Gateway, eventually

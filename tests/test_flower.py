@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from prorl_celery.local import free_port
+from prorl_celery.dev.local import free_port
 from tests.support.services import eventually
 
 pytest.importorskip("flower", reason="Flower is the `monitor` extra (pip install 'prorl-celery[monitor]')")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.status import JobStatus
-from prorl_celery.store import JobStore, decode_record
+from prorl_celery.core.status import JobStatus
+from prorl_celery.state import keys
+from prorl_celery.state.store import JobStore, decode_record
 
 ROOT = Path(__file__).resolve().parents[1]
 

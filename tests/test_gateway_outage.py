@@ -16,9 +16,9 @@ import httpx
 import pytest
 import redis
 
-from prorl_celery.client import RetryPolicy, RolloutClient
-from prorl_celery.errors import ServiceUnavailable
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.core.errors import ServiceUnavailable
+from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.trainer.client import RetryPolicy, RolloutClient
 from tests.support.services import ROOT, start_gateway
 
 pytestmark = pytest.mark.integration

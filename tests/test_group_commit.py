@@ -1,4 +1,4 @@
-"""Group commit of concurrent submits (``prorl_celery.group_commit``): the batcher alone, with real
+"""Group commit of concurrent submits (``prorl_celery.state.group_commit``): the batcher alone, with real
 threads and under gevent's monkey-patching, then concurrent ``/process`` requests through the
 gateway app (in this process) on the test cluster's Redis and workers."""
 from __future__ import annotations
@@ -13,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from prorl_celery import celery_app, keys
-from prorl_celery.errors import ServiceUnavailable
-from prorl_celery.group_commit import GroupCommit, _Ticket
-from prorl_celery.local import free_port, wait_until
+from prorl_celery import celery_app
+from prorl_celery.core.errors import ServiceUnavailable
+from prorl_celery.dev.local import free_port, wait_until
+from prorl_celery.state import keys
+from prorl_celery.state.group_commit import GroupCommit, _Ticket
 from tests.support.app import close_app, make_app
 
 
@@ -120,7 +121,7 @@ GEVENT_SCRIPT = textwrap.dedent("""
     from gevent import monkey
     monkey.patch_all()
     import gevent
-    from prorl_celery.group_commit import GroupCommit, _Ticket
+    from prorl_celery.state.group_commit import GroupCommit, _Ticket
 
     calls = []
     def submit(specs):
@@ -144,8 +145,8 @@ def test_under_gevent_greenlets_queue_behind_a_flush():
 
 def test_the_gateway_celery_app_builds_no_backend_per_thread():
     """Under gevent a thread is a greenlet: a request's greenlet must not build its own backend."""
+    from prorl_celery.core.settings import Settings
     from prorl_celery.services import Services
-    from prorl_celery.settings import Settings
 
     services = Services(Settings())
     app = services.celery

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prorl_celery.local import LocalCluster
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
 from tests.support.services import ROOT, rules_file, start_llm_server
 
 PACKAGE = ROOT / "examples" / "handler_package"

@@ -29,10 +29,10 @@ import time
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.local import LocalCluster, ManagedProcess
-from prorl_celery.node_sandboxes import RedisSandboxLedger
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess
+from prorl_celery.state import keys
+from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
 from tests.support.agents import tool_call
 from tests.support.services import ROOT, Gateway, LLMServer, eventually, rules_file, start_llm_server

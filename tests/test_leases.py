@@ -8,11 +8,11 @@ import time
 import pytest
 import redis
 
-from prorl_celery import keys, leases
-from prorl_celery import store as store_module
-from prorl_celery.leases import LeaseKeeper, Reaper, backfill, index_drift
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobStore
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.state import keys, leases
+from prorl_celery.state import store as store_module
+from prorl_celery.state.leases import LeaseKeeper, Reaper, backfill, index_drift
+from prorl_celery.state.store import JobStore
 from tests.support.services import flushed_client, own_redis_fixture
 
 LEASE_S = 1.0

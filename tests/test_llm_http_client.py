@@ -11,7 +11,7 @@ import aiohappyeyeballs
 import aiohttp
 import pytest
 
-from prorl_celery.errors import BackendError
+from prorl_celery.core.errors import BackendError
 from prorl_celery.llm import backends
 from prorl_celery.llm.tokenizer import load_tokenizer
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from prorl_celery.llm.serve import SamplingParams, ScriptedEngine
+from prorl_celery.dev.llm_server import SamplingParams, ScriptedEngine
 
 pytest_plugins = ["tests.conftest_llm"]  # also registered by tests/conftest.py
 
@@ -296,7 +296,7 @@ def test_rules_load_from_json(tmp_path, qwen3_hf_tokenizer, question):
 
 @pytest.fixture(scope="module")
 def torch_engine(tiny_model_dir):
-    from prorl_celery.llm.serve import TorchEngine
+    from prorl_celery.dev.llm_server import TorchEngine
 
     return TorchEngine(tiny_model_dir)
 
@@ -331,7 +331,7 @@ def test_torch_engine_greedy_and_seeded(llm_server, torch_engine, question):
 def test_torch_engine_stops_on_eos(llm_server, torch_engine, tiny_model_dir, question, tmp_path):
     from transformers import AutoTokenizer
 
-    from prorl_celery.llm.serve import TorchEngine
+    from prorl_celery.dev.llm_server import TorchEngine
 
     greedy = _complete(llm_server(torch_engine), question, temperature=0)["token_ids"]
     stopper = greedy[2]

@@ -12,12 +12,12 @@ import pytest
 import redis
 from celery import Celery
 
-from prorl_celery import keys
 from prorl_celery.celery_app import create_celery, enqueue_many
-from prorl_celery.event_loops import Batched, StageLoop
+from prorl_celery.core.event_loops import Batched, StageLoop
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.llm.pool import BackendPool
-from prorl_celery.settings import Settings
-from prorl_celery.status import JobStatus, Stage
+from prorl_celery.state import keys
 
 DB = 7
 

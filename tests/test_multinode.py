@@ -23,11 +23,11 @@ import httpx
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.leases import reap_expired
-from prorl_celery.local import ManagedProcess, free_port, wait_until
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobStore
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
+from prorl_celery.state import keys
+from prorl_celery.state.leases import reap_expired
+from prorl_celery.state.store import JobStore
 from tests.support.multinode import MultiNodeCluster, Node
 from tests.support.netns import Namespaces, NetnsUnavailable
 from tests.support.services import RULES
@@ -49,7 +49,7 @@ def start_llm(tokenizer: str, host: str, log_dir: Path) -> tuple[ManagedProcess,
     port = free_port()
     log = log_dir / "llm.log"
     with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(RULES),
+        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(RULES),
                                   "--tokenizer", tokenizer, "--host", host, "--port", str(port)],
                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return ManagedProcess("llm", popen, log), f"http://{host}:{port}/v1"

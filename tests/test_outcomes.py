@@ -9,7 +9,7 @@ import redis
 
 from handlers import load_handlers
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON, SEARCH
-from prorl_celery.errors import (
+from prorl_celery.core.errors import (
     AgentFailure,
     BackendError,
     ContextExhausted,
@@ -19,10 +19,10 @@ from prorl_celery.errors import (
     RequirementMissing,
     StageTimeout,
 )
-from prorl_celery.outcomes import Outcome, classify, of_status
-from prorl_celery.results import ending_of
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobRecord
+from prorl_celery.core.outcomes import Outcome, classify, of_status
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.state.store import JobRecord
+from prorl_celery.wire.results import ending_of
 from singularity import requirements
 from singularity.runtime.errors import SandboxStartError
 from singularity.toolserver.errors import ToolServerGone

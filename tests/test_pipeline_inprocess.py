@@ -4,10 +4,10 @@ from __future__ import annotations
 import redis
 
 from handlers import registry
-from prorl_celery.pipeline import execute_stage
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.services import Services
-from prorl_celery.settings import Settings
-from prorl_celery.status import JobStatus, Stage
+from prorl_celery.worker.pipeline import execute_stage
 
 
 def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_stranding(redis_url):

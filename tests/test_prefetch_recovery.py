@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 
-from prorl_celery.local import LocalCluster
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
 from tests.support.services import ROOT, eventually
 
 VISIBILITY_S = 5

@@ -20,9 +20,9 @@ import redis
 from kombu import Connection, Consumer, Queue
 
 from prorl_celery.celery_app import create_celery, enqueue, publish
-from prorl_celery.settings import Settings
-from prorl_celery.status import Stage
-from prorl_celery.store import SENT_HEADER
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import Stage
+from prorl_celery.state.store import SENT_HEADER
 
 DB = 12
 #: what differs between any two messages: their ids, and the process that sent them

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
-from prorl_celery.connection import broker_ssl_options
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.state.connection import broker_ssl_options
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "redis-pa55-word"

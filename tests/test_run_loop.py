@@ -1,4 +1,4 @@
-"""RUN stages on the worker's shared event loop (``prorl_celery.event_loops.StageLoop``), on real workers.
+"""RUN stages on the worker's shared event loop (``prorl_celery.core.event_loops.StageLoop``), on real workers.
 
 The module's own cluster (its own redis-server) has one RUN worker with ``-c 8`` Celery threads
 and ``PRORL_RUN_SLOTS=3``: at most three RUN stages at once, and the others left in the broker's
@@ -15,9 +15,9 @@ import time
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.local import LocalCluster
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
+from prorl_celery.state import keys
 from tests.support.services import ROOT, Gateway, eventually
 
 SLOTS = 3

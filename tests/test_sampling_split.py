@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from prorl_celery.sampling import AGENT_KEYS, SAMPLER_KEYS, TRAINER_KEYS, for_protocol, resolve_tokenizer, split
+from prorl_celery.llm.sampling import AGENT_KEYS, SAMPLER_KEYS, TRAINER_KEYS, for_protocol, resolve_tokenizer, split
 
 #: what NeMo-RL's ProRL environment and NeMo-Gym's prorl_agent put in sampling_params
 V1_PARAMS = {

@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from handlers import SandboxRequest
-from prorl_celery.job_sandboxes import JobSandboxes, tool_client
-from prorl_celery.node_sandboxes import RedisAddressAllocator, RedisSandboxLedger
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import JobStore
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.state.store import JobStore
+from prorl_celery.worker.job_sandboxes import JobSandboxes, tool_client
+from prorl_celery.worker.node_sandboxes import RedisAddressAllocator, RedisSandboxLedger
 from singularity.runtime import (
     RUNTIMES,
     AddressExhausted,

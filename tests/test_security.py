@@ -86,7 +86,7 @@ def test_backend_allow_list(secured):
 
 
 def test_client_sends_its_token(secured_url):
-    from prorl_celery.client import RolloutClient
+    from prorl_celery.trainer.client import RolloutClient
     with RolloutClient(secured_url, token="user-secret") as client:
         assert client.process({"data_source": "fault"})["status"] == "completed"
 

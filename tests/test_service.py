@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.state import keys
 from tests.support.services import eventually, rules_file, start_llm_server
 
 

@@ -23,14 +23,14 @@ import pytest
 import redis
 from celery import Celery
 
-from prorl_celery import keys
 from prorl_celery.celery_app import create_celery
-from prorl_celery.event_loops import StageLoop
-from prorl_celery.job_intake import JobSpec, submit
-from prorl_celery.local import LocalCluster
-from prorl_celery.settings import Settings
-from prorl_celery.status import Stage
-from prorl_celery.store import JobStore
+from prorl_celery.core.event_loops import StageLoop
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
+from prorl_celery.state import keys
+from prorl_celery.state.store import JobStore
+from prorl_celery.wire.job_intake import JobSpec, submit
 from tests.support.services import ROOT, Gateway, eventually
 
 DB = 11

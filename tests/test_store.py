@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.errors import JobNotFound, ServiceStopped
+from prorl_celery.core.errors import JobNotFound, ServiceStopped
+from prorl_celery.core.status import ALLOWED_FROM, JobStatus, Stage, can_transition
 from prorl_celery.llm.pool import BackendPool
-from prorl_celery.status import ALLOWED_FROM, JobStatus, Stage, can_transition
-from prorl_celery.store import JobRecord, JobStore, outcome
+from prorl_celery.state import keys
+from prorl_celery.state.store import JobRecord, JobStore, outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,8 +234,8 @@ def test_a_given_up_attempt_cannot_update_the_retried_jobs_fields(store):
 
 
 def test_metrics_kept_when_a_flush_cannot_reach_redis(redis_url):
-    from prorl_celery.local import free_port
-    from prorl_celery.metrics import MetricsBuffer, read_metrics
+    from prorl_celery.dev.local import free_port
+    from prorl_celery.state.metrics import MetricsBuffer, read_metrics
 
     live = redis.Redis.from_url(redis_url, decode_responses=True)
     live.delete(keys.METRIC_COUNTERS, keys.stage_histogram("run"), keys.stage_buckets("run"))
@@ -254,7 +254,7 @@ def test_metrics_kept_when_a_flush_cannot_reach_redis(redis_url):
 def test_stage_histograms_are_cumulative_when_read(redis_url):
     """A stage is stored in its one bucket (a flush writes only the buckets that saw stages) and
     read back cumulative, added to what an older version wrote cumulative already."""
-    from prorl_celery.metrics import STAGE_BUCKETS, MetricsBuffer, bucket_label, read_metrics
+    from prorl_celery.state.metrics import STAGE_BUCKETS, MetricsBuffer, bucket_label, read_metrics
 
     live = redis.Redis.from_url(redis_url, decode_responses=True)
     live.delete(keys.stage_histogram("init"), keys.stage_buckets("init"))

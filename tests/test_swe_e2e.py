@@ -10,7 +10,7 @@ import json
 import pytest
 import redis
 
-from prorl_celery import keys
+from prorl_celery.state import keys
 from tests.support.services import rules_file, start_llm_server
 from tests.support.swe import ROMANUM, RULES, SEMVER
 

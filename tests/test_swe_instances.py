@@ -23,7 +23,7 @@ from handlers.swe import SweHandler, load_instances, normalize_instance
 from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths
 from handlers.swe.handler import BUNDLE_MOUNT
 from handlers.swe.instances import MAX_ITERATIONS_CAP, REPOS_ENV, SHIPPED_REPOS
-from prorl_celery.settings import get_settings
+from prorl_celery.core.settings import get_settings
 from singularity.runtime import Bind, BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, SandboxSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +218,7 @@ def test_shipped_data_is_reproducible_from_sources() -> None:
 
 
 def test_shipped_data_can_be_submitted() -> None:
-    from prorl_celery.submit import read_rows  # the rows `prorl submit` would post
+    from prorl_celery.trainer.submit import read_rows  # the rows `prorl submit` would post
     rows = list(read_rows(ROOT / "handlers" / "swe" / "data" / "instances.jsonl"))
     assert [row["instance_id"] for row in rows] == [row["instance_id"] for row in INSTANCES]
 

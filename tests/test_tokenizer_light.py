@@ -137,7 +137,7 @@ def test_service_processes_do_not_import_transformers(qwen3_tokenizer: str) -> N
     """A worker (tasks, pipeline, the tokenizer loaded and used) and the gateway app."""
     code = (
         "import sys\n"
-        "import prorl_celery.tasks\n"
+        "import prorl_celery.worker.tasks\n"
         "from prorl_celery.llm.tokenizer import load_tokenizer\n"
         f"tok = load_tokenizer({qwen3_tokenizer!r})\n"
         "tok.prompt_ids([{'role': 'user', 'content': 'hi'}])\n"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from prorl_celery.errors import BackendError
+from prorl_celery.core.errors import BackendError
 from prorl_celery.llm.backends import Completion, LlamaCppBackend, SGLangBackend, VLLMBackend
 from prorl_celery.llm.session import TokenSession
 from prorl_celery.llm.tokenizer import load_tokenizer

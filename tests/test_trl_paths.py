@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from prorl_celery.integrations.trl import ProrlRollout
 from prorl_celery.llm.tokenizer import load_tokenizer
+from prorl_celery.trainer.integrations.trl import ProrlRollout
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 48}
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from prorl_celery.client import RewardInvalid
-from prorl_celery.errors import BadRequest
-from prorl_celery.integrations.trl import ProrlRollout, service_reward
+from prorl_celery.core.errors import BadRequest
+from prorl_celery.trainer.client import RewardInvalid
+from prorl_celery.trainer.integrations.trl import ProrlRollout, service_reward
 from tests.test_client import FakeGateway
 
 SERVER = "http://vllm:8000/v1"

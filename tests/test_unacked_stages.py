@@ -23,9 +23,9 @@ import httpx
 import pytest
 import redis
 
-from prorl_celery import keys
-from prorl_celery.local import LocalCluster
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
+from prorl_celery.state import keys
 from tests.support.services import ROOT, eventually
 
 REPUBLISH_AFTER_S = 2.0

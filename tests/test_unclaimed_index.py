@@ -11,12 +11,12 @@ import pytest
 import redis
 from kombu.transport import redis as kombu_redis
 
-from prorl_celery import keys, leases
 from prorl_celery.celery_app import create_celery, enqueue, enqueue_many
-from prorl_celery.leases import backfill, give_up, index_drifts, lost_messages, republish_lost
-from prorl_celery.settings import Settings
-from prorl_celery.status import JobStatus, Stage
-from prorl_celery.store import SENT_HEADER, JobStore
+from prorl_celery.core.settings import Settings
+from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.state import keys, leases
+from prorl_celery.state.leases import backfill, give_up, index_drifts, lost_messages, republish_lost
+from prorl_celery.state.store import SENT_HEADER, JobStore
 from tests.support.services import flushed_client, own_redis_fixture
 
 own_redis = own_redis_fixture("redis-unclaimed")

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prorl_celery.sampling import SAMPLER_KEYS, TRAINER_KEYS
+from prorl_celery.llm.sampling import SAMPLER_KEYS, TRAINER_KEYS
 from tests.support.services import rules_file, start_llm_server
 from tests.support.swe import ROMANUM
 from tests.support.swe import RULES as SWE_RULES

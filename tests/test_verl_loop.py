@@ -1,4 +1,4 @@
-"""The verl agent loop (``prorl_celery.integrations.verl``) against an in-memory gateway: a reward
+"""The verl agent loop (``prorl_celery.trainer.integrations.verl``) against an in-memory gateway: a reward
 that is not valid is resubmitted, and one that stays invalid stops the step by name; it never
 becomes verl's ``reward_score``. verl (its own venv) is not needed: the three names the adapter
 imports from it are stood in for by plain classes (the real loop runs in test_vllm_real.py)."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from prorl_celery.client import RewardInvalid
+from prorl_celery.trainer.client import RewardInvalid
 from tests.test_client import FakeGateway
 
 
@@ -29,11 +29,11 @@ def adapter(monkeypatch):
     for name in ("verl", "verl.experimental", "verl.experimental.agent_loop"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, stub.__name__, stub)
-    monkeypatch.delitem(sys.modules, "prorl_celery.integrations.verl", raising=False)
-    module = importlib.import_module("prorl_celery.integrations.verl")
+    monkeypatch.delitem(sys.modules, "prorl_celery.trainer.integrations.verl", raising=False)
+    module = importlib.import_module("prorl_celery.trainer.integrations.verl")
     yield module
-    sys.modules.pop("prorl_celery.integrations.verl", None)  # built on the stand-ins: never reused
-    vars(importlib.import_module("prorl_celery.integrations")).pop("verl", None)
+    sys.modules.pop("prorl_celery.trainer.integrations.verl", None)  # built on the stand-ins: never reused
+    vars(importlib.import_module("prorl_celery.trainer.integrations")).pop("verl", None)
 
 
 def planned(body: dict[str, Any]) -> tuple[str, float, float]:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prorl_celery.devmodels import SFT_PROBLEMS, ensure_vllm_model, sft_instances
+from prorl_celery.dev.devmodels import SFT_PROBLEMS, ensure_vllm_model, sft_instances
 from tests.support.services import eventually
 from tests.support.vllm import VLLMServer, require_vllm_python, skip_unless_vllm
 
@@ -340,7 +340,7 @@ def test_weight_update_with_rollouts_in_flight(gateway, vllm_servers, vllm_model
     import torch
     from transformers import AutoModelForCausalLM
 
-    from prorl_celery.weights import VLLMWeightSync
+    from prorl_celery.trainer.weights import VLLMWeightSync
 
     server = vllm_servers[1]
     new_weights = perturbed_weights(vllm_model, tmp_path / "policy-v2")
@@ -423,8 +423,8 @@ def test_trl_grpo_trains_through_the_service(gateway, vllm_servers, vllm_model, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from prorl_celery.integrations.trl import ProrlRollout, service_reward
-    from prorl_celery.weights import VLLMWeightSync
+    from prorl_celery.trainer.integrations.trl import ProrlRollout, service_reward
+    from prorl_celery.trainer.weights import VLLMWeightSync
 
     server = vllm_servers[1]
     assert gateway.post("/add_llm_server", json={"address": server.address, "version": 0}).status_code == 200

@@ -1,4 +1,4 @@
-"""``prorl_celery.vllmcpu``: the command line that starts a CPU vLLM server (no vLLM needed)."""
+"""``prorl_celery.dev.vllmcpu``: the command line that starts a CPU vLLM server (no vLLM needed)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prorl_celery.vllmcpu import vllm_command, vllm_env
+from prorl_celery.dev.vllmcpu import vllm_command, vllm_env
 
 
 def cores_printed(line: str) -> set[int]:

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from prorl_celery.client import JobRequest, RolloutClient
-from prorl_celery.local import wait_until
+from prorl_celery.dev.local import wait_until
+from prorl_celery.trainer.client import JobRequest, RolloutClient
 from tests.support.cutting_proxy import AfterNdjsonLines, CuttingProxy
 from tests.support.services import start_gateway
 
@@ -49,7 +49,7 @@ def stream(gateway, job_ids: list[str], **fields):
 
 
 def test_results_stream_in_the_order_jobs_end_those_ended_first(gateway, waiter, monkeypatch):
-    monkeypatch.setattr("prorl_celery.results.REPORT_SLICE", 1)  # a read and a chunk per record
+    monkeypatch.setattr("prorl_celery.wire.results.REPORT_SLICE", 1)  # a read and a chunk per record
     gateway.submit(job(), job_id="done2")
     gateway.submit(job(), job_id="done")
     assert gateway.result("done")["status"] == gateway.result("done2")["status"] == "completed"
@@ -73,7 +73,7 @@ def test_results_stream_in_the_order_jobs_end_those_ended_first(gateway, waiter,
 
 
 def test_at_the_timeout_each_job_still_running_gets_its_pending_line(gateway, waiter, monkeypatch):
-    monkeypatch.setattr("prorl_celery.results.REPORT_SLICE", 1)
+    monkeypatch.setattr("prorl_celery.wire.results.REPORT_SLICE", 1)
     gateway.submit(job(30), job_id="long2")
     gateway.submit(job(30), job_id="long")
     gateway.submit(job(), job_id="short")
@@ -173,6 +173,6 @@ def test_the_client_streams_every_job_once_across_a_cut_connection(gunicorn_url)
 
 def test_the_client_chunks_by_the_gateway_cap():
     from api.schemas import MAX_WAIT_IDS
-    from prorl_celery.client import WAIT_MANY_MAX
+    from prorl_celery.trainer.client import WAIT_MANY_MAX
 
     assert WAIT_MANY_MAX == MAX_WAIT_IDS

@@ -11,9 +11,9 @@ import time
 import pytest
 import redis
 
-from prorl_celery import keys, waiting
-from prorl_celery.status import JobStatus
-from prorl_celery.store import JobRecord, JobStore, decode_record
+from prorl_celery.core.status import JobStatus
+from prorl_celery.state import keys, waiting
+from prorl_celery.state.store import JobRecord, JobStore, decode_record
 from tests.support.services import flushed_store
 
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from prorl_celery import keys
-from prorl_celery.connection import get_redis
-from prorl_celery.status import JobStatus
-from prorl_celery.store import JobStore
-from prorl_celery.waiting import CompletionWaiter
+from prorl_celery.core.status import JobStatus
+from prorl_celery.state import keys
+from prorl_celery.state.connection import get_redis
+from prorl_celery.state.store import JobStore
+from prorl_celery.state.waiting import CompletionWaiter
 from tests.support.services import flushed_store
 
 
@@ -112,7 +112,7 @@ def test_a_waiter_nobody_closed_stops_its_listener_once_collected(redis_url: str
 
 
 def test_unknown_job(store: JobStore) -> None:
-    from prorl_celery.errors import JobNotFound
+    from prorl_celery.core.errors import JobNotFound
 
     with pytest.raises(JobNotFound):
         store.wait("nope", 1)

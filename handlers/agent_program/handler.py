@@ -21,7 +21,7 @@ from handlers.agent_program.instances import TASK_DIR, TASK_FILE, AgentInstance,
 from handlers.base import AgentHandler, ChatLLM, EndpointRequest, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
 from handlers.swe.handler import BUNDLE_MOUNT, SweHandler, checkout_command
-from prorl_celery.errors import AgentFailure, EnvironmentFailure, EvalUnavailable
+from prorl_celery.core.errors import AgentFailure, EnvironmentFailure, EvalUnavailable
 from singularity.requirements import (
     BASH,
     GIT,

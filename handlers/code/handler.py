@@ -27,7 +27,7 @@ from handlers.code.instances import (
 )
 from handlers.sandbox_files import SandboxCommandError, SandboxFileTooLarge, read_bytes, write_text
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON
-from prorl_celery.errors import EvalUnavailable
+from prorl_celery.core.errors import EvalUnavailable
 from singularity.requirements import PYTHON3, TOOL_SERVER, Requirement
 
 _TOOLS = {"editor": EDITOR, "bash": BASH, "python": PYTHON}

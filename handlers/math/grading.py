@@ -16,7 +16,7 @@ import logging
 import re
 from fractions import Fraction
 
-from prorl_celery.errors import EvalUnavailable
+from prorl_celery.core.errors import EvalUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _unwrap(text: str) -> str:
 
 def _math_verify_equivalent(answer: str, ground_truth: str) -> bool:
     # imported here, not at module level: math_verify pulls in sympy (40 MB, 0.5 s), which only
-    # EVAL needs; EVAL workers import it at start-up (prorl_celery.workers)
+    # EVAL needs; EVAL workers import it at start-up (prorl_celery.worker.signals)
     from math_verify import parse, verify
 
     try:

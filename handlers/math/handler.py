@@ -13,7 +13,7 @@ from handlers.base import AgentHandler, ChatLLM, EvalResult, JobContext, Sandbox
 from handlers.math.grading import extract_boxed, is_equivalent
 from handlers.math.instances import MathInstance, normalize_instance
 from handlers.sandbox_tools import PYTHON
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
 from singularity.requirements import MATH_VERIFY, Requirement
 
 FOLLOW_UP = (

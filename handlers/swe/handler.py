@@ -20,7 +20,7 @@ from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_by
 from handlers.sandbox_tools import BASH, EDITOR
 from handlers.swe.evaluation import files_of_tests, grade, parse_junit, patch_paths, pytest_command, statuses_of
 from handlers.swe.instances import SweInstance, normalize_instance
-from prorl_celery.errors import EvalUnavailable
+from prorl_celery.core.errors import EvalUnavailable
 from singularity.requirements import GIT, PYTEST, TIMEOUT, Requirement
 
 #: where the directory holding the instance's bundle appears inside the sandbox (read-only)

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp.helpers import ceil_timeout
 
-from ..errors import BackendError
-from ..sampling import SAMPLER_KEYS
+from prorl_celery.core.errors import BackendError
+from prorl_celery.llm.sampling import SAMPLER_KEYS
 
 
 def _sampler(params: dict[str, Any], protocol: str, renamed: dict[str, str] | None = None) -> dict[str, Any]:
@@ -51,7 +51,7 @@ class Completion:
 
 class LLMBackend(Protocol):
     address: str
-    protocol: str  # a key of prorl_celery.sampling.SAMPLER_KEYS
+    protocol: str  # a key of prorl_celery.llm.sampling.SAMPLER_KEYS
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion: ...
 

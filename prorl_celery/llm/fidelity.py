@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .tokenizer import ChatTokenizer
+from prorl_celery.llm.tokenizer import ChatTokenizer
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from handlers import EndpointRequest
+from prorl_celery.core.errors import BackendError, ContextExhausted
+from prorl_celery.llm.segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
+from prorl_celery.llm.session import TokenSession
 from singularity.toolserver.agentrun import ENDPOINT_INSIDE, ENDPOINT_SOCKET
-
-from ..errors import BackendError, ContextExhausted
-from .segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
-from .session import TokenSession
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from urllib.parse import urlsplit
 
 import redis
 
-from .. import keys
-from ..event_loops import Batched, loop_local
-from ..status import JobStatus
-from ..store import load_script
-from .backends import base_url
+from prorl_celery.core.event_loops import Batched, loop_local
+from prorl_celery.core.status import JobStatus
+from prorl_celery.llm.backends import base_url
+from prorl_celery.state import keys
+from prorl_celery.state.store import load_script
 
 PROTOCOLS = ("vllm", "sglang", "llamacpp")
 #: what ``probe`` asks each protocol's server for: vLLM's served models (what every job reads

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tokenizer import _PROBE, ChatTokenizer, _nth_end
+from prorl_celery.llm.tokenizer import _PROBE, ChatTokenizer, _nth_end
 
 _CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _THINK_END = "</think>"

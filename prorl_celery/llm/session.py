@@ -11,11 +11,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from handlers.base import Generation
-
-from ..errors import BackendError, ContextExhausted
-from ..sampling import for_protocol
-from .backends import Completion, LLMBackend
-from .tokenizer import ChatTokenizer
+from prorl_celery.core.errors import BackendError, ContextExhausted
+from prorl_celery.llm.backends import Completion, LLMBackend
+from prorl_celery.llm.sampling import for_protocol
+from prorl_celery.llm.tokenizer import ChatTokenizer
 
 
 async def _no_version() -> int | None:
@@ -27,7 +26,7 @@ class TokenSession:
                  max_model_len: int, default_max_tokens: int, max_output_tokens: int | None = None,
                  max_input_tokens: int | None = None,
                  policy_version: Callable[[], Awaitable[int | None]] | None = None) -> None:
-        """``sampling_params`` are sampler keys (``prorl_celery.sampling.split``); those the
+        """``sampling_params`` are sampler keys (``prorl_celery.llm.sampling.split``); those the
         backend's protocol does not take are dropped and listed in ``unsupported_params``.
         ``max_output_tokens`` caps every turn (with ``max_tokens``, the smaller wins);
         ``max_input_tokens`` caps the context a turn may start from. ``policy_version`` reads
@@ -156,7 +155,7 @@ class TokenSession:
         ids they would render). One message is exactly ``add_message``."""
         if not self._messages:
             raise RuntimeError("start() the conversation before add_messages()")
-        from .segments import suffix_ids
+        from prorl_celery.llm.segments import suffix_ids
         messages = [dict(m) for m in messages]
         start = self._total
         if self._open_turn:

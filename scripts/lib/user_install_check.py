@@ -183,10 +183,11 @@ def _printed(log: Path, pattern: str) -> str | None:
 
 
 def start_llm(workdir: Path, tokenizer: str) -> tuple[Started, str]:
-    from prorl_celery.local import free_port
+    from prorl_celery.dev.local import free_port
     port = free_port()
-    server = Started("scripted LLM server", [sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(RULES),
-                                             "--tokenizer", tokenizer, "--port", str(port)], workdir / "llm.log")
+    server = Started("scripted LLM server", [sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted",
+                                             str(RULES), "--tokenizer", tokenizer, "--port", str(port)],
+                     workdir / "llm.log")
     import httpx
     server.wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200,
                     "GET /health answered 200")

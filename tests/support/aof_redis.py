@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from prorl_celery.local import ManagedProcess, free_port, wait_until
+from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
 
 
 class AofRedis:

@@ -11,8 +11,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
-from prorl_celery.local import LocalCluster, wait_until
-from prorl_celery.settings import Settings
+from prorl_celery.core.settings import Settings
+from prorl_celery.dev.local import LocalCluster, wait_until
 
 
 def cluster_settings(cluster: LocalCluster, **overrides: Any) -> Settings:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from prorl_celery.status import Stage
+from prorl_celery.core.status import Stage
 from tests.support.handlers import FaultHandler
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from prorl_celery.local import ManagedProcess, free_port, redis_server_binary, wait_until
+from prorl_celery.dev.local import ManagedProcess, free_port, redis_server_binary, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

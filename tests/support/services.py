@@ -16,9 +16,9 @@ import httpx
 import pytest
 import redis
 
-from prorl_celery.connection import get_redis
-from prorl_celery.local import LocalCluster, ManagedProcess, free_port, wait_until
-from prorl_celery.store import JobStore
+from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
+from prorl_celery.state.connection import get_redis
+from prorl_celery.state.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "tests" / "data" / "llm_rules.json"
@@ -52,7 +52,7 @@ def start_llm_server(tokenizer: str, log_dir: Path, name: str, rules: Path = RUL
     port = free_port()
     log = log_dir / f"{name}.log"
     with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.llm.serve", "--scripted", str(rules),
+        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(rules),
                                   "--tokenizer", tokenizer, "--port", str(port), "--token-delay", str(token_delay),
                                   *(["--max-model-len", str(max_model_len)] if max_model_len else [])],
                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

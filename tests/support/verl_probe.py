@@ -30,7 +30,7 @@ async def main(tokenizer_dir: str, rows_path: str) -> dict:
         _agent_loop_registry,
     )
 
-    import prorl_celery.integrations.verl as adapter  # registers "prorl"
+    import prorl_celery.trainer.integrations.verl as adapter  # registers "prorl"
 
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 512, "prompt_length": 1024}},
                                "data": {}})

@@ -1,7 +1,7 @@
 """Real vLLM (CPU) servers for tests/test_vllm_real.py.
 
 The vLLM venv comes from ``scripts/install_vllm.sh`` (``$PRORL_VLLM_PYTHON``, else the default
-venv paths of :mod:`prorl_celery.vllmcpu`). Without it the tests skip, saying why, except when
+venv paths of :mod:`prorl_celery.dev.vllmcpu`). Without it the tests skip, saying why, except when
 ``CI`` or ``PRORL_REQUIRE_VLLM`` is set (``.ci/run`` sets the latter): then they fail, so CI never
 goes green by skipping them.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prorl_celery.local import ManagedProcess, free_port, wait_until
-from prorl_celery.vllmcpu import check_vllm_python, find_vllm_python, vllm_command, vllm_env
+from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
+from prorl_celery.dev.vllmcpu import check_vllm_python, find_vllm_python, vllm_command, vllm_env
 
 
 def vllm_required() -> bool:

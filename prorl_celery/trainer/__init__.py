@@ -1,0 +1,44 @@
+"""The trainer SDK: what a training loop imports, and nothing of the service.
+
+It talks to the gateway over HTTP only (httpx), and imports ``prorl_celery.core`` alone of the
+project: never Celery, Flask or Redis (``tests/test_imports.py`` enforces both). Its public names
+are here; the modules behind them are its own business:
+
+    from prorl_celery.trainer import RolloutClient, DAPOCollector, CollectorConfig, reward_of
+
+- ``RolloutClient`` / ``AsyncRolloutClient``: submit, wait, stream, cancel, register backends
+  (``client``);
+- ``RolloutOutcome``, ``reward_of``, ``is_trainable``: the one rule for a valid reward;
+- ``DAPOCollector`` / ``AsyncDAPOCollector`` and ``CollectorConfig``: DAPO batches (``dapo``);
+- ``VLLMWeightSync``: weight updates with rollouts in flight (``weights``);
+- ``assign_backends``: LLM servers split across deployments (``assignment``);
+- ``integrations.trl`` and ``integrations.verl``: the trainer adapters (optional extras).
+"""
+from prorl_celery.trainer.assignment import assign_backends
+from prorl_celery.trainer.client import (
+    AsyncRolloutClient,
+    CancelOutcome,
+    ClientError,
+    GatewayError,
+    GatewayUnavailable,
+    JobRequest,
+    RequestRejected,
+    RetryPolicy,
+    RewardInvalid,
+    RolloutClient,
+    RolloutOutcome,
+    WaitTimeout,
+    is_trainable,
+    new_job_id,
+    reward_of,
+)
+from prorl_celery.trainer.dapo import AsyncDAPOCollector, DAPOCollector
+from prorl_celery.trainer.dapo_types import Batch, CollectorConfig, Group, Rollout, RolloutsFailing, StepStats
+from prorl_celery.trainer.weights import VLLMWeightSync, WeightSyncError
+
+__all__ = [
+    "AsyncDAPOCollector", "AsyncRolloutClient", "Batch", "CancelOutcome", "ClientError", "CollectorConfig",
+    "DAPOCollector", "GatewayError", "GatewayUnavailable", "Group", "JobRequest", "RequestRejected", "RetryPolicy",
+    "RewardInvalid", "Rollout", "RolloutClient", "RolloutOutcome", "RolloutsFailing", "StepStats", "VLLMWeightSync",
+    "WaitTimeout", "WeightSyncError", "assign_backends", "is_trainable", "new_job_id", "reward_of",
+]

@@ -1,0 +1,180 @@
+"""The DAPO collector's data: configuration, rollouts, groups, batches and per-step statistics.
+
+See :mod:`prorl_celery.trainer.dapo` for how they are produced.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prorl_celery.core.errors import ProrlError
+
+#: cumulative backend busy time, in seconds per unit of capacity (a float, or awaitable)
+BusyProbe = Callable[[], "float | Awaitable[float]"]
+
+
+def not_all_equal(rewards: Sequence[float]) -> bool:
+    """The default filter: a group is informative unless every reward is the same."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+class RolloutsFailing(ProrlError):
+    """Too many rollouts in a row ended without a valid reward: the service or a backend is broken."""
+
+    code = "rollouts_failing"
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    group_size: int
+    batch_groups: int
+    #: rollouts kept running in the service (default 2 * B * n)
+    max_in_flight: int | None = None
+    group_filter: Callable[[Sequence[float]], bool] = not_all_equal
+    #: a rollout whose reward is not valid (any outcome but ok and agent_error: the environment,
+    #: the backend or the evaluator failed, it timed out, someone else cancelled it) is submitted
+    #: again under a new job id up to this many times, then dropped from its group
+    max_resubmits: int = 2
+    #: a complete group left with fewer valid rollouts than this after drops is dropped
+    #: (None: 2, or group_size when smaller; group_size: only whole groups are batched)
+    min_group_size: int | None = None
+    carry_over: bool = True
+    #: a rollout lands in a batch at most this many steps after the step it was submitted in
+    max_staleness: int = 1
+    #: the same bound in policy versions (TRL async GRPO's and prime-rl's): a rollout any of whose
+    #: tokens came from a version more than this far behind the collector's ``policy_version``
+    #: is run again (None: versions are not checked)
+    max_policy_lag: int | None = None
+    carry_min_done: float = 0.5
+    max_carry_groups: int | None = None
+    #: a step returns what it has (fewer than B groups) after this long
+    step_timeout_s: float | None = None
+    #: raise RolloutsFailing after this many rollouts in a row had no valid reward (default 2 N)
+    max_failures_in_row: int | None = None
+    #: the default request: instance + these (see AsyncDAPOCollector.make_request)
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    task: str | None = None
+    timeout_s: float | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self.max_in_flight or 2 * self.batch_groups * self.group_size
+
+    @property
+    def failure_limit(self) -> int:
+        return self.max_failures_in_row or 2 * self.in_flight
+
+    @property
+    def smallest_group(self) -> int:
+        return min(self.group_size, 2 if self.min_group_size is None else self.min_group_size)
+
+
+@dataclass
+class Rollout:
+    job_id: str
+    group_key: int
+    index: int
+    #: step the rollout was submitted in
+    step: int
+    status: str | None = None
+    #: how it ended (``prorl_celery.core.outcomes``: ok, agent_error, env_error, ...)
+    outcome: str | None = None
+    #: its valid reward (``client.reward_of``); None for a rollout whose reward is not valid
+    reward: float | None = None
+    generation: int | None = None
+    #: every policy version that produced a token of it (the trajectory's ``policy_versions``)
+    policy_versions: list[int] = field(default_factory=list)
+    #: step of the batch the rollout's group was returned in
+    batch_step: int | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def carried_over(self) -> bool:
+        """Submitted in an earlier step than the batch it is returned in."""
+        return self.batch_step is not None and self.batch_step > self.step
+
+
+@dataclass
+class Group:
+    key: int
+    prompt_id: str
+    instance: dict[str, Any]
+    size: int
+    first_step: int
+    #: index -> the rollout of that slot now (a resubmission replaces the one before)
+    rollouts: dict[int, Rollout] = field(default_factory=dict)
+    #: index -> the last rollout of a slot whose reward stayed invalid after max_resubmits; a
+    #: dropped rollout is in no reward, no variance and no batch
+    dropped: dict[int, Rollout] = field(default_factory=dict)
+    #: index -> how many times that slot was resubmitted for an invalid reward
+    resubmits: dict[int, int] = field(default_factory=dict)
+    #: rollouts run again for their policy lag (not failures: max_resubmits does not count them)
+    reruns: int = 0
+
+    @property
+    def finished(self) -> list[Rollout]:
+        """The rollouts with a valid reward."""
+        return [r for r in self.rollouts.values() if r.reward is not None]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in sorted(self.finished, key=lambda r: r.index)]  # type: ignore[misc]
+
+    @property
+    def complete(self) -> bool:
+        """Every slot has a valid reward or was dropped."""
+        return len(self.finished) + len(self.dropped) == self.size
+
+    @property
+    def ordered(self) -> list[Rollout]:
+        """The group's rollouts by index (in a batch: those with a valid reward, dropped ones left out)."""
+        return [self.rollouts[i] for i in sorted(self.rollouts)]
+
+
+@dataclass
+class StepStats:
+    step: int
+    submitted: int = 0
+    #: results received (any status or outcome)
+    completed: int = 0
+    #: rollouts the service confirmed cancelled at the end of the step (or with a dropped group)
+    cancelled: int = 0
+    #: complete groups dropped by the filter
+    filtered: int = 0
+    #: groups dropped: a submission the gateway rejected, or fewer than min_group_size valid
+    #: rollouts left after drops
+    failed_groups: int = 0
+    #: outcome class -> rollouts submitted again because their reward was not valid
+    resubmitted: dict[str, int] = field(default_factory=dict)
+    #: outcome class -> rollouts dropped from their group, their resubmissions spent
+    dropped: dict[str, int] = field(default_factory=dict)
+    #: complete informative groups dropped for exceeding max_staleness or max_policy_lag
+    stale: int = 0
+    #: completed rollouts run again because their policy was older than max_policy_lag allows
+    stale_rollouts: int = 0
+    #: results of groups already dropped, or of jobs ended before their cancel arrived
+    discarded: int = 0
+    #: rollouts from earlier steps still in flight (or unread) when this step began
+    carried_in: int = 0
+    #: rollouts left running into the next step, and their groups
+    carried_over: int = 0
+    carried_groups: int = 0
+    informative: int = 0
+    wall_s: float = 0.0
+    busy_fraction: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Batch:
+    step: int
+    groups: list[Group]
+    stats: StepStats
+    cancelled_job_ids: list[str] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.ordered]

@@ -1,0 +1,202 @@
+"""Job sandboxes: started by INIT, used by RUN on the same node, stopped right after RUN.
+
+INIT and RUN run in different worker processes of one node, so a sandbox is handed over
+through its ledger entry (Redis): RUN adopts it (the entry's owner becomes RUN's process),
+connects to the tool server's Unix socket and stops the sandbox from the entry's process
+identities (the runtime's one teardown path).
+
+A sandbox belongs to its job, not to the worker that started it: it is started without
+``--die-with-parent``, so INIT's worker may exit (a rolling restart, an OOM kill) while the jobs
+it handed to RUN keep their sandboxes. Every worker on a node reaps at start-up and on each
+reaper tick: every failed stop whose retry is due, until it succeeds, and the sandboxes of dead
+owners that no job holds any more (:meth:`JobSandboxes.still_needed`, read from the job's
+record). An EVAL sandbox (job id ``<job>-eval``) is its EVAL worker's alone: no job record
+names it, so it is reaped once that worker is gone.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from handlers import SandboxRequest
+from prorl_celery.core.status import JobStatus
+from prorl_celery.state import keys
+from prorl_celery.state.store import JobRecord, decode_record
+from prorl_celery.worker.node_sandboxes import RedisAddressAllocator, RedisSandboxLedger
+from singularity.runtime import (
+    Bind,
+    Limits,
+    ProcessRef,
+    ReapReport,
+    Runtime,
+    SandboxRecord,
+    SandboxSpec,
+    StillNeeded,
+    make_runtime,
+    procfs,
+    reap,
+    teardown,
+)
+from singularity.toolserver.client import ToolClient
+from singularity.toolserver.protocol import SEARCH_CORPUS_ENV
+
+log = logging.getLogger(__name__)
+
+#: SIGTERM to SIGKILL for a job's sandbox: a tool server exits at once, and a /stop with
+#: hundreds of jobs in flight must close them all within seconds
+STOP_GRACE_S = 2.0
+#: the statuses in which a job holds the sandbox its record names after INIT has handed it over
+HOLDING = frozenset({JobStatus.PENDING_RUN, JobStatus.RUN})
+#: the job record's fields that say whether it holds a sandbox (one HMGET, not the whole record)
+_HOLDER_FIELDS = ("status", "sandbox", "run_node", "worker_pid")
+
+
+class JobSandboxes:
+    """One per worker process; the runtime is created on first use."""
+
+    def __init__(self, redis_client: Any, *, node: str, runtime: str, root: str) -> None:
+        self.node, self.runtime_name, self.root = node, runtime, Path(root)
+        self.workspaces = self.root / "workspaces"
+        self.redis = redis_client
+        self.allocator = RedisAddressAllocator(redis_client, node)
+        self.ledger = RedisSandboxLedger(redis_client)
+        self._runtime: Runtime | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            options = dict(state_dir=self.root / "state", allocator=self.allocator, ledger=self.ledger,
+                           node=self.node, worker=f"{self.node}:{os.getpid()}", stop_grace_s=STOP_GRACE_S)
+            name = self.runtime_name
+            if name == "auto":
+                name = "bubblewrap" if shutil.which("bwrap") else "process"
+            if name == "bubblewrap":  # the job owns it, not the thread that forks bwrap
+                options["die_with_parent"] = False
+            self._runtime = make_runtime(name, **options)
+        return self._runtime
+
+    async def start(self, job_id: str, request: SandboxRequest) -> dict[str, str]:
+        """Start the job's sandbox; returns what RUN needs to find and stop it."""
+        # one directory per sandbox, not per job: a retried job's new sandbox must not share
+        # (or lose) its workspace to the reaping of the old one
+        workspace = self.workspaces / f"{job_id}.{uuid.uuid4().hex[:8]}"
+        workspace.mkdir(parents=True)
+        limits = Limits(memory_bytes=request.memory_bytes, max_processes=request.max_processes,
+                        cpu_seconds=request.cpu_seconds)
+        env = {SEARCH_CORPUS_ENV: request.search_corpus} if request.search_corpus else {}
+        spec = SandboxSpec(image=request.image, workspace=workspace, network=request.network,
+                           limits=limits, job_id=job_id, env=env,
+                           binds=tuple(Bind(source=Path(host), target=inside) for host, inside in request.binds))
+        sandbox = await self.runtime.start(spec)
+        return {"id": sandbox.id, "node": self.node, "socket_path": str(sandbox.socket_path),
+                "workspace": str(workspace)}
+
+    def adopt(self, sandbox: dict[str, str]) -> None:
+        """This process (RUN) now owns the sandbox: if it dies, the sandbox is reaped (its job's
+        RUN is then over: the job's lease retries it from INIT with a new one)."""
+        me = ProcessRef.of(os.getpid())
+        assert me is not None  # this process is running
+        self.ledger.transfer(sandbox["node"], sandbox["id"], me, f"{self.node}:{os.getpid()}")
+
+    async def stop(self, sandbox: dict[str, str] | None) -> None:
+        """Stop a job's sandbox from any worker process of its node (no error if gone).
+
+        A stop that leaves processes running keeps its ledger entry, marked for a retry, and
+        :meth:`reap` (every worker's reaper tick) retries it, and removes the workspace once
+        it succeeds."""
+        if not sandbox:
+            return
+        record = self.ledger.get(sandbox["node"], sandbox["id"])
+        workspace = sandbox.get("workspace") or (record.workspace if record else "")
+        if record is not None:
+            report = await asyncio.to_thread(self._teardown, record)
+            if report.left:
+                return  # the workspace may still be in use; the reaper's retry removes it
+        self._remove_workspace(workspace)
+
+    def _teardown(self, record: SandboxRecord) -> ReapReport:
+        """The one teardown path: through this process's runtime when it has one (its stop
+        hook), else with the defaults; a process that never started a sandbox (RUN) needs no
+        runtime of its own to stop one, so a runtime it cannot make never strands a sandbox."""
+        if self._runtime is not None:
+            return self._runtime.teardown(record)
+        return teardown(record, ledger=self.ledger, allocator=self.allocator, grace_s=STOP_GRACE_S)
+
+    def reap(self) -> int:
+        """Stop the sandboxes on this node whose owner process died and that no job holds
+        (:meth:`still_needed`), and retry the failed stops that are due; returns how many
+        were tried."""
+        return self._reap(self.still_needed)
+
+    def close_abandoned(self, owners: Collection[int]) -> int:
+        """Stop every sandbox on this node whose owner, one of the process ids ``owners``, is
+        gone, whatever its job: these were every worker of a service that stopped (``prorl
+        up``'s Ctrl-C), so no RUN will ever adopt one a job still waits with. Returns how many
+        were tried."""
+        return self._reap(lambda record: record.owner.pid not in owners)
+
+    def _reap(self, still_needed: StillNeeded) -> int:
+        reports = reap(self.ledger, self.node, allocator=self.allocator, grace_s=STOP_GRACE_S,
+                       still_needed=still_needed)
+        for report in reports:
+            if report.stop_failures == 0:
+                log.warning("reaped sandbox %s of job %s (owner %s gone, or a failed stop retried)",
+                            report.sandbox_id, report.job_id, report.worker)
+                self._remove_workspace(report.workspace)
+        return len(reports)
+
+    def still_needed(self, record: SandboxRecord) -> bool:
+        """Does a job still hold this sandbox, whose owner process is gone?
+
+        Only a job that INIT handed to RUN (``pending_run``, ``run``) and whose record names this
+        very sandbox, and, once a RUN has claimed it, while that RUN's process lives (it adopts
+        the sandbox; a dead one never will, and the job's lease retries it with a new sandbox).
+        Every other sandbox is the reaper's: its job ended or is gone, was retried with another
+        sandbox, or is still in ``init`` (its INIT died with the owner: the lease retries it
+        with a new sandbox); an EVAL sandbox has no job record of its own."""
+        job = self._holder(record.job_id)
+        if job is None or job.status not in HOLDING or (job.sandbox or {}).get("id") != record.sandbox_id:
+            return False
+        if job.status is JobStatus.RUN:
+            return job.run_node == record.node and job.worker_pid is not None and _running(job.worker_pid)
+        return True
+
+    def _holder(self, job_id: str) -> JobRecord | None:
+        """The fields of ``job_id``'s record that :meth:`still_needed` reads (None: no such job)."""
+        values = self.redis.hmget(keys.job(job_id), list(_HOLDER_FIELDS))
+        raw = {name: _text(value) for name, value in zip(_HOLDER_FIELDS, values) if value}
+        return decode_record({"id": job_id, **raw}) if "status" in raw else None
+
+    def _remove_workspace(self, workspace: str) -> None:
+        """Remove a job workspace this node made (never a path outside ``workspaces/``)."""
+        if workspace and Path(workspace).parent == self.workspaces:
+            shutil.rmtree(workspace, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """A process of this pid runs on this node (a reused pid reads as running: the sandbox is
+    then kept until the job's lease moves it on, never stopped under a live RUN)."""
+    info = procfs.read_stat(pid)
+    return info is not None and info.state not in "ZX"
+
+
+def _text(value: bytes | str) -> str:
+    """A client made without ``decode_responses`` answers bytes."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@asynccontextmanager
+async def tool_client(sandbox: dict[str, str] | None) -> AsyncIterator[ToolClient | None]:
+    """A connected client of the sandbox's tool server, or None for a job without one."""
+    if sandbox is None:
+        yield None
+        return
+    async with ToolClient(sandbox["socket_path"]) as client:
+        yield client
