@@ -7,20 +7,18 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import Any
-from urllib.parse import urlsplit
 
 from celery import Celery, bootsteps
 from celery.utils.nodenames import anon_nodename
 from kombu import Producer, Queue
-from kombu.transport import redis as kombu_redis
-from kombu.transport import virtual as kombu_virtual
-from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.uuid import uuid
 
 from prorl_celery.core.settings import Settings, get_settings
 from prorl_celery.core.status import Stage
 from prorl_celery.state.connection import broker_ssl_options
 from prorl_celery.state.store import SENT_HEADER, UNCLAIMED_STAGES
+from prorl_celery.worker._celery import call_after_each_task, reserved_requests
+from prorl_celery.worker._kombu import RedisTransport, fetch_gate, set_fetch_gate, transport_for
 
 STAGE_QUEUES = tuple(stage.value for stage in Stage)
 #: the queues workers consume without acks (see StageFetchGate and leases.republish_lost)
@@ -30,82 +28,6 @@ UNACKED_QUEUES = frozenset(stage.value for stage in UNCLAIMED_STAGES)
 def node_queue(stage: Stage, node: str) -> str:
     """The queue only ``stage`` workers on ``node`` consume (container locality)."""
     return f"{stage.value}.{node}"
-
-
-class _QoS(kombu_redis.QoS):
-    """kombu's Redis ack emulation (for the queues consumed with acks: RUN's), its two
-    bookkeeping writes per delivered message (``ZADD unacked_index`` + ``HSET unacked``) and per
-    ack (``HDEL`` + ``ZREM``) each sent as one pipeline without MULTI/EXEC (with MULTI/EXEC they
-    were twelve of a job's Redis commands, ``python -m bench.overhead``).
-
-    Atomicity buys nothing here. The restore sweep only looks at index entries older than the
-    visibility timeout and restores a message only if its hash entry is there (an entry without
-    one it just drops), so an ack removes the hash entry first: cut off halfway, it leaves an
-    index entry the sweep drops, never a message restored after its ack. A delivery cut off
-    halfway is the same loss as one whose reply never arrived. A restore keeps kombu's own
-    WATCH/MULTI transaction.
-
-    A delivery from a queue consumed without acks (``Queue(no_ack=True)``: INIT and EVAL) is
-    never appended (kombu's ``basic_consume``), and Celery still calls ``message.ack()`` on it
-    (kombu's no-ack check reads ``channel.no_ack_consumers``, which the virtual transport leaves
-    None): such a tag is not in ``_delivered``, and its ack or reject sends nothing."""
-
-    def append(self, message, delivery_tag) -> None:
-        delivery = message.delivery_info
-        raw = kombu_dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-        with self.channel.conn_or_acquire() as client:
-            client.pipeline(transaction=False).zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
-                .hset(self.unacked_key, delivery_tag, raw).execute()
-        kombu_virtual.QoS.append(self, message, delivery_tag)
-
-    def ack(self, delivery_tag) -> None:
-        if delivery_tag not in self._delivered:  # type: ignore[operator]  # consumed without acks (INIT/EVAL)
-            return
-        self._forget(delivery_tag)
-        kombu_virtual.QoS.ack(self, delivery_tag)
-
-    def reject(self, delivery_tag, requeue: bool = False) -> None:
-        if delivery_tag not in self._delivered:  # type: ignore[operator]  # no acks: gone for good
-            return
-        if requeue:  # back to the queue: kombu's transaction
-            super().reject(delivery_tag, requeue=True)
-            return
-        self._forget(delivery_tag)
-        kombu_virtual.QoS.ack(self, delivery_tag)
-
-    def _forget(self, delivery_tag) -> None:
-        with self.channel.conn_or_acquire() as client:
-            client.pipeline(transaction=False).hdel(self.unacked_key, delivery_tag) \
-                .zrem(self.unacked_index_key, delivery_tag).execute()
-
-
-class _Channel(kombu_redis.Channel):
-    """kombu's Redis channel, with one synchronous client per channel instead of one per call.
-
-    Stock kombu builds a new ``redis.Redis`` for every publish, every delivery's unacked
-    bookkeeping and every ack (``conn_or_acquire``): about 190 us of CPU each with redis-py 8
-    (its response-callback table), nine times per job over the three stages. A client is
-    thread-safe and draws its connections from the channel's pool, so one serves them all."""
-
-    QoS = _QoS
-    _sync_client = None
-
-    def _create_client(self, asynchronous: bool = False):
-        if asynchronous:
-            return super()._create_client(asynchronous=True)
-        client = self._sync_client
-        if client is None or client.connection_pool is not self.pool:  # pools are renewed on reconnect
-            client = self._sync_client = super()._create_client()
-        return client
-
-
-class RedisTransport(kombu_redis.Transport):
-    Channel = _Channel
-
-
-def _transport_for(url: str) -> type | None:
-    """Our Redis transport for a plain ``redis://``/``rediss://`` broker, kombu's choice otherwise."""
-    return RedisTransport if urlsplit(url).scheme in ("redis", "rediss") else None
 
 
 class RunSlotGate(bootsteps.StartStopStep):
@@ -132,15 +54,13 @@ class RunSlotGate(bootsteps.StartStopStep):
     def start(self, parent) -> None:
         if Stage.RUN.value not in parent.app.amqp.queues.consume_from or parent.task_consumer is None:
             return
-        from celery.worker import state
-
         from prorl_celery.core.event_loops import stage_loop
         loop = stage_loop(get_settings().run_slots or parent.controller.concurrency)
         qos = parent.task_consumer.channel.qos
-        fetch_allowed = qos.can_consume
         # reserved: fetched and not yet admitted (or an INIT/EVAL task of a mixed worker),
         # counted in jobs: a chunk of four waiting for its slots leaves no room for another
-        qos.can_consume = lambda: loop.free() > _jobs_in(state.reserved_requests) and fetch_allowed()
+        fetch_allowed = fetch_gate(qos)
+        set_fetch_gate(qos, lambda: loop.free() > _jobs_in(reserved_requests()) and fetch_allowed())
         hub = parent.hub
         if hub is not None:  # without a hub (synloop: green pools) the consumer polls every 2 s as before
             loop.on_release(partial(hub.call_soon, _next_turn))
@@ -173,21 +93,19 @@ class StageFetchGate(bootsteps.StartStopStep):
         if parent.task_consumer is None or not any(
                 getattr(queues.get(name), "no_ack", False) for name in queues.consume_from):
             return
-        from celery.worker import state
 
         def threads() -> int:  # Celery's own limit for worker_disable_prefetch (autoscaler first)
             return getattr(parent.controller, "max_concurrency", None) or parent.pool.num_processes
 
         qos = parent.task_consumer.channel.qos
         hub, pool = parent.hub, parent.pool
-        gate = _ThreadGate(lambda: len(state.reserved_requests) < threads(), qos.can_consume,
+        gate = _ThreadGate(lambda: len(reserved_requests()) < threads(), fetch_gate(qos),
                            partial(hub.call_soon, _next_turn) if hub is not None else lambda: None)
-        qos.can_consume = gate.can_consume
+        set_fetch_gate(qos, gate.can_consume)
         if hub is not None and pool is not None:
             # the pool outlives the consumer, which restarts (a new channel, a new gate) after a
             # lost broker connection: wrap its own on_apply each time, never the last wrapper
-            original = pool.__dict__.setdefault("_prorl_on_apply", pool.on_apply)
-            pool.on_apply = _calling_after_completion(original, gate.task_done)
+            call_after_each_task(pool, gate.task_done)
 
 
 class _ThreadGate:
@@ -214,23 +132,6 @@ class _ThreadGate:
         if self.waiting:
             self.waiting = False
             self._wake()
-
-
-def _calling_after_completion(on_apply: Callable[..., Any], after: Callable[[], object]) -> Callable[..., Any]:
-    """``pool.on_apply`` whose tasks call ``after`` once their completion callback (the request's
-    ``on_success``/``on_failure``, which take it out of ``state.reserved_requests``) returned."""
-    def apply(target: Any, args: Any = None, kwargs: Any = None, callback: Callable[..., Any] | None = None,
-              **options: Any) -> Any:
-        if callback is not None:
-            done = callback
-
-            def callback(*result: Any, **more: Any) -> None:
-                try:
-                    done(*result, **more)
-                finally:
-                    after()
-        return on_apply(target, args, kwargs, callback=callback, **options)
-    return apply
 
 
 def _jobs_in(requests) -> int:
@@ -294,7 +195,7 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         broker_transport_options=transport,
-        broker_transport=_transport_for(settings.effective_broker_url),
+        broker_transport=transport_for(settings.effective_broker_url),
         broker_use_ssl=broker_ssl_options(settings.effective_broker_url),
         broker_connection_retry_on_startup=True,
         broker_pool_limit=64,

@@ -13,7 +13,6 @@ import os
 import threading
 from dataclasses import dataclass
 from functools import cached_property
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import redis
@@ -57,8 +56,8 @@ class Services:
             # gateway's gevent worker means per greenlet: every request built both anew (a
             # backend object and a uuid3, 6 % of a worker's CPU in a /process burst). Without a
             # result backend neither holds any state or connection, so one serves them all.
-            app._backend_cache = app.backend
-            app._local = SimpleNamespace(oid=app.thread_oid)
+            from prorl_celery.worker._celery import share_backend
+            share_backend(app)
         return app
 
     @cached_property

@@ -39,6 +39,7 @@ import redis
 
 from prorl_celery.core.status import JobStatus
 from prorl_celery.state import keys
+from prorl_celery.state._redis_raw import command, commands
 from prorl_celery.state.connection import BLOCK_CHUNK_S, StreamEntry
 
 log = logging.getLogger(__name__)
@@ -405,8 +406,7 @@ class _Listening:
         if connection is None:
             connection = self.connection = self.pool.get_connection()
         try:
-            connection.send_command("XREAD", "COUNT", 5000, "BLOCK", block_ms, "STREAMS", keys.JOBS_ENDED, cursor)
-            return connection.read_response()
+            return command(connection, "XREAD", "COUNT", 5000, "BLOCK", block_ms, "STREAMS", keys.JOBS_ENDED, cursor)
         except BaseException:
             self.close()
             raise
@@ -418,8 +418,7 @@ class _Listening:
         if connection is None:
             connection = self.connection = self.pool.get_connection()
         try:
-            connection.send_packed_command(connection.pack_commands([("HGETALL", key) for key in keys_]))
-            replies = [connection.read_response() for _ in keys_]
+            replies = commands(connection, [("HGETALL", key) for key in keys_])
         except BaseException:
             self.close()
             raise

@@ -1,0 +1,60 @@
+"""The libraries whose internals we patch are the versions the patches were written for, and
+still have every internal the patches use (the raw redis calls against the session's server)."""
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from prorl_celery.state import _redis_raw
+from prorl_celery.worker import _celery, _kombu
+
+PATCHES = {"celery": _celery, "kombu": _kombu, "redis": _redis_raw}
+
+
+@pytest.mark.parametrize("distribution", sorted(PATCHES))
+def test_the_installed_release_is_one_the_patches_were_written_for(distribution):
+    version = importlib.metadata.version(distribution)
+    module = PATCHES[distribution]
+    minor = ".".join(version.split(".")[:2])
+    assert minor in module.TESTED_WITH, (
+        f"{distribution} {version} is installed, but {module.__name__} patches its internals and was "
+        f"written for {distribution} {', '.join(module.TESTED_WITH)}: check every patch it lists against "
+        f"{distribution} {version}, then add {minor} to its TESTED_WITH (and widen requirements/service.txt)")
+
+
+def test_kombu_still_has_what_the_patches_use():
+    from kombu.transport import redis as kombu_redis
+    from kombu.transport import virtual
+
+    assert issubclass(_kombu.RedisTransport, kombu_redis.Transport)
+    for name in ("append", "ack", "reject", "can_consume", "unacked_key", "unacked_index_key"):
+        assert hasattr(kombu_redis.QoS, name), f"kombu's Redis QoS lost {name}"
+    assert "_delivered" in virtual.QoS.__init__.__code__.co_names, "kombu's QoS no longer keeps _delivered"
+    assert hasattr(kombu_redis.Channel, "_create_client") and hasattr(kombu_redis.Channel, "conn_or_acquire")
+    assert "_raw" in virtual.Message.__init__.__code__.co_names, "kombu's Message no longer keeps _raw"
+
+
+def test_celery_still_has_what_the_patches_use():
+    from celery import Celery
+    from celery.worker import state
+
+    assert hasattr(state.reserved_requests, "__len__") and hasattr(state.reserved_requests, "__iter__")
+    app = Celery("probe", set_as_current=False)
+    assert hasattr(app, "thread_oid") and hasattr(app, "backend")
+    _celery.share_backend(app)
+    assert app.backend is app._backend_cache and app.thread_oid == app._local.oid
+
+
+def test_redis_connection_calls_answer_as_the_listener_reads_them(redis_url):
+    import redis
+
+    pool = redis.ConnectionPool.from_url(redis_url, decode_responses=True)
+    connection = pool.get_connection()
+    try:
+        assert _redis_raw.command(connection, "SET", "prorl-internals-probe", "1") == "OK"
+        assert _redis_raw.commands(connection, [("GET", "prorl-internals-probe"), ("DEL", "prorl-internals-probe")]) \
+            == ["1", 1]
+    finally:
+        pool.release(connection)
+        pool.disconnect()
