@@ -105,7 +105,8 @@ def process():
     if not submitted.created:  # a repeated job_id: that job may have ended long ago
         waiter.unregister(spec.job_id, registered)
         registered = None
-    wait_s = settings.process_wait_s or (body.timeout_s or settings.job_timeout_s) + 60.0
+    # the job's own budget (spec.budget_s: the request's timeout_s, checked and capped by prepare)
+    wait_s = settings.process_wait_s or spec.budget_s + 60.0
     return job_response(submitted.job_id, wait_s, registered=registered)
 
 
