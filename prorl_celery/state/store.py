@@ -94,6 +94,10 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     detail: str | None = None
     #: the attempts before the current one, each {attempt, outcome, stage, detail, node}
     attempts: list[dict[str, Any]] = []
+    #: the node that ran the last failed attempt: a retry's INIT prefers another one
+    avoid_node: str | None = None
+    #: the attempt whose INIT this node already handed to another node once
+    deferred_attempt: int | None = None
     transition_id: str | None = None
 
     def stage_node(self, stage: Stage) -> str | None:
@@ -125,7 +129,7 @@ def retry_fields(record_attempts: list[dict[str, Any]], attempt: int, ending: En
     history = [*record_attempts, {"attempt": attempt, "outcome": ending.outcome.value, "stage": ending.stage,
                                   "detail": ending.detail, "node": node}]
     return {**(RETRY_RESET if from_init else {}), "attempt": attempt + 1,
-            "retry_reason": ending.detail, "attempts": history}
+            "retry_reason": ending.detail, "attempts": history, "avoid_node": node or ""}
 
 
 def load_script(client: redis.Redis, name: str):

@@ -43,7 +43,7 @@ from prorl_celery.llm.pool import Assignment
 from prorl_celery.llm.session import TokenSession
 from prorl_celery.llm.tokenizer import load_tokenizer
 from prorl_celery.services import Services, get_services
-from prorl_celery.state.nodes import has_live_worker
+from prorl_celery.state.nodes import has_live_worker, live_queues
 from prorl_celery.state.store import JobRecord, Move, Transition, outcome, retry_fields
 from prorl_celery.worker.job_sandboxes import tool_client
 from prorl_celery.worker.readiness import missing_for
@@ -131,12 +131,39 @@ def _begin_claimed(stage: Stage, job_id: str, claim: Transition, services: Servi
         return None
     record = claim.record
     assert record is not None  # a successful claim carries the record
+    if stage is Stage.INIT and _elsewhere(services, record):
+        return _hand_to_another_node(services, record, cancelled)
     job = job_context(record, deadline=time.monotonic() + claim.budget_left_s)
     try:
         handler = get_handler(record.task)
     except UnknownTask as error:  # a plug-in missing on this worker: another may have it
         return _unavailable(stage, services, job, record, cancelled, f"this worker cannot run the task: {error}")
     return _staged(stage, services, handler, job, record, cancelled)
+
+
+def _elsewhere(services: Services, record: JobRecord) -> bool:
+    """Should this retried job's INIT run on another node? Once per attempt, when the failed
+    attempt ran on this node and a live INIT worker of another node exists."""
+    node = services.settings.node
+    if record.avoid_node != node or record.deferred_attempt == record.attempt:
+        return False
+    live = live_queues(services.redis, services.settings.heartbeat_s)
+    return any(queue == Stage.INIT.value and other != node for other, queue in live)
+
+
+async def _hand_to_another_node(services: Services, record: JobRecord, cancelled: asyncio.Event) -> None:
+    """Put the INIT just claimed back in the shared queue, once: Redis hands a BRPOP'd message
+    to the client that has waited longest, so an idle INIT worker of another node takes it; if
+    none does, this node runs it next time (``deferred_attempt``)."""
+    try:
+        back = Move(record.id, Stage.INIT.pending, "pause", {"deferred_attempt": record.attempt},
+                    only_from=Stage.INIT.active, attempt=record.attempt)
+        if (await _move(services, back)).ok:
+            log.info("job %s: attempt %d handed to another node's INIT (%s ran the failed one)", record.id,
+                     record.attempt, record.avoid_node)
+            await _publish(services, (Stage.INIT, None, record.id, False))
+    finally:
+        services.cancel_watcher.unwatch(record.id, cancelled)
 
 
 async def _unavailable(stage: Stage, services: Services, job: JobContext, record: JobRecord,
