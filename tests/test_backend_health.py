@@ -180,6 +180,9 @@ def test_a_job_waits_while_its_only_backend_is_unhealthy_and_runs_once_a_reprobe
     assert app_gateway.post("/add_llm_server", json={"address": server.address()}).json["healthy"]
     pool = app_gateway.application.extensions["prorl"].pool
     assert pool.mark_unhealthy(server.address(), "RUN: connection reset") == [server.address()]
+    # as if a worker had just probed it: no re-probe for 4 s (else a reaper tick could find it
+    # healthy before the job is seen waiting, on a loaded machine)
+    pool.redis.set(keys.llm_probe_lock(server.address()), "this test", ex=4)
     job_id = app_gateway.submit(math("What is 2 + 3?", "5"))
     app_gateway.wait_for_stage(job_id, "run")
     assert server.log() == []  # waiting, as with no backend registered
