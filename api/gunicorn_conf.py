@@ -12,7 +12,7 @@ parser when ``gunicorn-h1c`` (a dependency) is installed (its default ``http_par
 These ``PRORL_GATEWAY_*`` variables are the one group read outside ``prorl_celery.core.settings``, and
 on purpose: gunicorn's master imports this file before the gevent worker monkey-patches, and any
 service module imported here (the settings included) would keep unpatched locks that freeze a
-worker's greenlets (``tests/test_waiting.py`` checks that nothing of the service loads).
+worker's greenlets (``tests/integration/test_waiting.py`` checks that nothing of the service loads).
 """
 import importlib.util
 import os

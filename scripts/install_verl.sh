@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install verl into a virtual environment of its own, for the verl agent loop's test
-# (tests/test_vllm_real.py runs tests/support/verl_probe.py in it). Cached between runs
+# (tests/integration/test_vllm_real.py runs tests/support/verl_probe.py in it). Cached between runs
 # (scripts/lib/cached_venv.sh).
 #
 # verl 0.9.1 pins transformers<5.11 and pulls ray, hydra, tensordict...: installing it into the

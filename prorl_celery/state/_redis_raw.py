@@ -8,7 +8,7 @@ functions are the whole of that: ``Connection.send_command``, ``send_packed_comm
 ``pack_commands`` and ``read_response``, which redis-py documents but may change between
 releases.
 
-``tests/test_library_internals.py`` fails, naming the version, on a redis-py outside
+``tests/integration/test_library_internals.py`` fails, naming the version, on a redis-py outside
 ``TESTED_WITH``, and runs both against a real server.
 """
 from __future__ import annotations

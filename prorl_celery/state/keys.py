@@ -144,7 +144,7 @@ def broker_queue(name: str) -> str:
 
 
 #: kombu's Redis transport keeps a message of priority p in the list ``<queue><sep><p>`` (p > 0;
-#: its ``Channel.sep`` and ``PRIORITY_STEPS``, checked in tests/test_unclaimed_index.py): it LPUSHes and
+#: its ``Channel.sep`` and ``PRIORITY_STEPS``, checked in tests/integration/test_unclaimed_index.py): it LPUSHes and
 #: BRPOPs from the right end, so a list's oldest message is its last
 BROKER_PRIORITY_SEP = "\x06\x16"
 BROKER_PRIORITY_STEPS = (0, 3, 6, 9)

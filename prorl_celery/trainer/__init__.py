@@ -1,7 +1,7 @@
 """The trainer SDK: what a training loop imports, and nothing of the service.
 
 It talks to the gateway over HTTP only (httpx), and imports ``prorl_celery.core`` alone of the
-project: never Celery, Flask or Redis (``tests/test_imports.py`` enforces both). Its public names
+project: never Celery, Flask or Redis (``tests/integration/test_imports.py`` enforces both). Its public names
 are here; the modules behind them are its own business:
 
     from prorl_celery.trainer import RolloutClient, DAPOCollector, CollectorConfig, reward_of

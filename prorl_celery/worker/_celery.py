@@ -12,7 +12,7 @@ What is patched, and why:
 - ``reserved_requests``: the worker's fetched and unfinished requests
   (``celery.worker.state.reserved_requests``), which the fetch gates count.
 
-``tests/test_library_internals.py`` fails, naming the version, on a Celery outside
+``tests/integration/test_library_internals.py`` fails, naming the version, on a Celery outside
 ``TESTED_WITH``, and checks that every attribute used here still exists.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ What is patched, and why:
 - ``fetch_gate``/``set_fetch_gate``: read and replace a channel QoS's ``can_consume``, the hook Celery's own
   ``worker_disable_prefetch`` wraps, so that a worker fetches only what it can start.
 
-``tests/test_library_internals.py`` fails, naming the version, on a kombu outside
+``tests/integration/test_library_internals.py`` fails, naming the version, on a kombu outside
 ``TESTED_WITH``, and checks that every attribute used here still exists.
 """
 from __future__ import annotations

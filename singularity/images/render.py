@@ -1,6 +1,6 @@
 """Rendering an :class:`~.spec.ImageSpec` into an Apptainer definition file: a pure function.
 
-The template is ``templates/apptainer.def.j2``; golden files in ``tests/test_images_golden/``
+The template is ``templates/apptainer.def.j2``; golden files in ``tests/unit/test_images_golden/``
 pin its output. Rendering reads no file and runs nothing: paths on the build host (the
 framework source, the lockfile) are passed in, so the same spec renders the same text anywhere.
 """

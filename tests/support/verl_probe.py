@@ -1,4 +1,4 @@
-"""Run in the verl venv (scripts/install_verl.sh) by tests/test_vllm_real.py: verl's own agent
+"""Run in the verl venv (scripts/install_verl.sh) by tests/integration/test_vllm_real.py: verl's own agent
 loop machinery instantiates the ``prorl`` agent loop and runs rows through the real service.
 
     PRORL_GATEWAY_URL=... python tests/support/verl_probe.py TOKENIZER_DIR ROWS.json

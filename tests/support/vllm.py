@@ -1,4 +1,4 @@
-"""Real vLLM (CPU) servers for tests/test_vllm_real.py.
+"""Real vLLM (CPU) servers for tests/integration/test_vllm_real.py.
 
 The vLLM venv comes from ``scripts/install_vllm.sh`` (``$PRORL_VLLM_PYTHON``, else the default
 venv paths of :mod:`prorl_celery.dev.vllmcpu`). Without it the tests skip, saying why, except when

@@ -18,7 +18,7 @@ from prorl_celery.core.status import JobStatus
 from prorl_celery.state import keys
 from prorl_celery.state.store import JobStore, decode_record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])

@@ -199,7 +199,7 @@ def test_stopping_the_whole_service_stops_the_sandboxes_of_jobs_waiting_for_run(
 
 def worker_sandbox_processes(sandbox_dir) -> list[int]:
     """Live processes of the sandboxes under ``sandbox_dir``, recorded or not: bwrap, its inner
-    child and the tool server all write to their sandbox's log there (tests/test_faults.py)."""
+    child and the tool server all write to their sandbox's log there (tests/integration/test_faults.py)."""
     prefix = os.path.realpath(sandbox_dir) + os.sep
     found = []
     for info in procfs.scan():

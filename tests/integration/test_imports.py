@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("prorl_celery", "handlers", "singularity", "api")
 #: prorl_celery's folders; its root modules (celery_app, services, cli) are the wiring
 FOLDERS = ("core", "state", "llm", "wire", "worker", "trainer", "dev")
@@ -85,7 +85,7 @@ def test_every_import_between_areas_follows_the_rules():
             there = area_of(module)
             if there is not None and there != here and there not in RULES[here]:
                 broken.append(f"{path.relative_to(ROOT)} ({here}) imports {module} ({there})")
-    assert not broken, "imports against tests/test_imports.py's RULES:\n" + "\n".join(broken)
+    assert not broken, "imports against tests/integration/test_imports.py's RULES:\n" + "\n".join(broken)
 
 
 def test_the_check_sees_an_import_inside_a_function():

@@ -26,7 +26,7 @@ from handlers.swe.instances import MAX_ITERATIONS_CAP, REPOS_ENV, SHIPPED_REPOS
 from prorl_celery.core.settings import get_settings
 from singularity.runtime import Bind, BubblewrapRuntime, FileAddressAllocator, FileSandboxLedger, SandboxSpec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "handlers" / "swe" / "data" / "build_instances.py"
 INSTANCES = load_instances()
 BY_ID = {row["instance_id"]: row for row in INSTANCES}

@@ -1,7 +1,7 @@
 """Golden-file tests of the image definition templates, and of reading a definition back.
 
 Regenerate the golden files after an intended template change with
-``PRORL_UPDATE_GOLDEN=1 python -m pytest tests/test_images_render.py`` and review the diff.
+``PRORL_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_images_render.py`` and review the diff.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
 from prorl_celery.state.connection import broker_ssl_options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "redis-pa55-word"
 SECRETS = {"PRORL_API_TOKEN": "user-secret-7f3a", "PRORL_ADMIN_TOKEN": "admin-secret-91bc"}
 JOB_TOKEN = {"Authorization": f"Bearer {SECRETS['PRORL_API_TOKEN']}"}

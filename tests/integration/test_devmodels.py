@@ -118,7 +118,7 @@ print(devmodels._ensure("artifact", build))
 
 
 def test_concurrent_builds_build_once(tmp_path):
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PRORL_FIXTURES_DIR": str(tmp_path / "fx"),
            "BUILD_LOG": str(tmp_path / "log"), "PYTHONPATH": str(root)}
     procs = [subprocess.Popen([sys.executable, "-c", _BUILDER], env=env, stdout=subprocess.PIPE,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from prorl_celery.llm.tokenizer import ChatTokenizer, HFTokenizer, PieceEncoder
-from tests.test_tokenizer_light import _render, _text, conversations
+from tests.integration.test_tokenizer_light import _render, _text, conversations
 
 transformers = pytest.importorskip("transformers")
 

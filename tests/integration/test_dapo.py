@@ -24,10 +24,10 @@ from prorl_celery.trainer.dapo import (
     StepStats,
     not_all_equal,
 )
+from tests.integration.test_client import FAST, LOSE_REPLY, FakeGateway
 from tests.support.services import rules_file, start_llm_server
-from tests.test_client import FAST, LOSE_REPLY, FakeGateway
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from prorl_celery.core.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 #: the documents whose links are checked
 DOCUMENTS = sorted({ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md",

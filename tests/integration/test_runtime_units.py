@@ -386,7 +386,7 @@ def test_ledger_and_reaper_on_plain_processes(tmp_path):
 
 
 def test_subreaper_keeps_daemons_as_descendants(tmp_path):
-    script = Path(__file__).resolve().parent.parent / "singularity" / "runtime" / "_subreaper.py"
+    script = Path(__file__).resolve().parents[2] / "singularity" / "runtime" / "_subreaper.py"
     process = subprocess.Popen([sys.executable, "-I", "-S", str(script), "sh", "-c",
                                 "setsid sh -c 'sleep 303 &' ; sleep 304"], start_new_session=True)
     root = ProcessRef.of(process.pid)

@@ -3,7 +3,7 @@ thread is free for it (celery_app.StageFetchGate), so a worker busy with its one
 message, and after a SIGKILL the queued ones run on another worker while the running one is
 retried through its lease. (Before, it held the next message fetched but unacked, which the
 broker redelivered after PRORL_VISIBILITY_TIMEOUT_S.) A message lost between a worker's fetch and
-its claim is published again by the reaper: tests/test_unacked_stages.py."""
+its claim is published again by the reaper: tests/integration/test_unacked_stages.py."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """The code task: instance shapes, grading, the judge's limits in a real bubblewrap sandbox, every
 shipped problem against its reference and a wrong solution, and RUN reading the solution out of the
-agent's sandbox. Through the service: tests/test_code_e2e.py."""
+agent's sandbox. Through the service: tests/integration/test_code_e2e.py."""
 from __future__ import annotations
 
 import asyncio
@@ -32,9 +32,9 @@ from singularity.runtime import (
     Limits,
     SandboxSpec,
 )
-from tests.test_math_handler import ScriptedLLM
+from tests.unit.test_math_handler import ScriptedLLM
 
-DATA = Path(__file__).parent / "data" / "code_solutions.json"
+DATA = Path(__file__).parents[1] / "data" / "code_solutions.json"
 SOLUTIONS: dict[str, dict[str, str]] = json.loads(DATA.read_text())
 PROBLEMS = {p["id"]: p for p in load_problems()}
 VERL_ROWS = load_problems("verl_sample")

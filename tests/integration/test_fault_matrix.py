@@ -47,10 +47,10 @@ from prorl_celery.state import keys
 from prorl_celery.state.store import JobStore
 from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
+from tests.integration.test_faults import assert_no_sandbox_process, sandbox_processes
 from tests.support.aof_redis import AofRedis
 from tests.support.faulty_backend import FaultyBackend
 from tests.support.services import ROOT, Gateway, LLMServer, eventually, start_llm_server
-from tests.test_faults import assert_no_sandbox_process, sandbox_processes
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
@@ -139,7 +139,7 @@ def blocked_env(matrix: Matrix, *modules: str) -> dict[str, str]:
     directory = matrix.blockers / "-".join(modules)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(
-        '"""Written by tests/test_fault_matrix.py: this interpreter lacks ' + ", ".join(modules) + '."""\n'
+        '"""Written by tests/integration/test_fault_matrix.py: this interpreter lacks ' + ", ".join(modules) + '."""\n'
         "import sys\n\n\n"
         "class RemovedModules:\n"
         f"    names = {set(modules)!r}\n\n"

@@ -40,7 +40,7 @@ from singularity.runtime import (
 )
 from tests.support.sandboxes import FirstStopFails, stalled_bwrap
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUBREAPER = ROOT / "singularity" / "runtime" / "_subreaper.py"
 NODE = "contract-node"
 APPTAINER = ApptainerRuntime().available()
@@ -90,7 +90,7 @@ def env(request, tmp_path) -> Env:
 
 @pytest.fixture(scope="session")
 def rootfs_image() -> str:
-    from tests.test_images_build import build_test_rootfs
+    from tests.integration.test_images_build import build_test_rootfs
     return str(build_test_rootfs())
 
 

@@ -15,7 +15,7 @@ from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.services import Services
 from prorl_celery.worker.pipeline import execute_stage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_node_local_job_without_a_run_worker_on_its_node_fails_instead_of_stranding(redis_url):

@@ -16,7 +16,7 @@ from handlers.code import load_problems
 from prorl_celery.state import keys
 from tests.support.services import rules_file, start_llm_server
 
-SOLUTIONS = json.loads((Path(__file__).parent / "data" / "code_solutions.json").read_text())
+SOLUTIONS = json.loads((Path(__file__).parents[1] / "data" / "code_solutions.json").read_text())
 PAIR_SUMS = next(p for p in load_problems() if p["id"] == "code-001")
 LOOP = "while True:\n    pass\n"
 MEMORY_HOG = "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n"

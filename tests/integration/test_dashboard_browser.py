@@ -16,7 +16,7 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 XSS = "<script>window.__xss=1</script>"
 #: the screenshots the README shows
 README_SHOTS = {"dashboard.png", "trajectory.png"}

@@ -17,7 +17,7 @@ from prorl_celery.llm.pool import BackendPool
 from prorl_celery.state import keys
 from prorl_celery.state.store import JobRecord, JobStore, outcome
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
