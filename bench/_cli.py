@@ -35,7 +35,7 @@ def run_benchmark(run: Callable[[], dict[str, Any]], report: Callable[[dict[str,
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A report's table as Markdown lines (pasted as is into bench/README.md)."""
+    """A report's table as Markdown lines (pasted as is into a bench/results/ page)."""
     return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
         ["| " + " | ".join(row) + " |" for row in rows]
 

@@ -1,6 +1,6 @@
 """Service configuration, read once from ``PRORL_*`` environment variables.
 
-Every setting is documented in the README's configuration table; keep the two in step.
+Every setting is documented in docs/configuration.md's table (tests/unit/test_docs.py keeps the two in step).
 Code below the edge receives a ``Settings`` object (or plain values from it), never
 ``os.environ``. The one exception is gunicorn's ``PRORL_GATEWAY_*``, read in
 ``api/gunicorn_conf.py`` before any service module may be imported (see there).

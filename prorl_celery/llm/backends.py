@@ -17,7 +17,7 @@ the request is aborted.
 
 The HTTP client is aiohttp's, one session per event loop: a RUN worker's thousand stages share
 one loop, and httpx's connection pool costs time linear in its connections for every request
-(2.5-3 ms of CPU per request at a thousand in flight, against aiohttp's 0.45 ms; bench/README).
+(2.5-3 ms of CPU per request at a thousand in flight, against aiohttp's 0.45 ms; bench/results/burst.md).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 Python package) against the real gateway, workers, Redis and a scripted LLM server.
 
 Screenshots go to ``$PRORL_TEST_ARTIFACTS`` (default: a pytest temporary directory);
-``PRORL_UPDATE_SCREENSHOTS=1`` also copies the README's two to ``docs/screenshots/``.
+``PRORL_UPDATE_SCREENSHOTS=1`` also copies the two docs/running.md shows to ``docs/screenshots/``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 XSS = "<script>window.__xss=1</script>"
-#: the screenshots the README shows
+#: the screenshots docs/running.md shows
 README_SHOTS = {"dashboard.png", "trajectory.png"}
 
 
