@@ -322,7 +322,8 @@ def oldest_sent(broker: redis.Redis, queue: str) -> float | None:
 
 
 def lost_messages(store: JobStore, broker: redis.Redis, stage: Stage, after_s: float,
-                  margin_s: float = REPUBLISH_MARGIN_S, limit: int = REAP_BATCH) -> list[str]:
+                  margin_s: float = REPUBLISH_MARGIN_S, limit: int = REAP_BATCH,
+                  only: set[str] | None = None) -> list[str]:
     """Jobs in ``stage``'s pending status whose message is in nobody's hands: in it for longer
     than ``after_s``, and entered more than ``margin_s`` before the oldest message still in the
     stage's queue was sent (or the queue is empty). At most ``limit``. Each is taken as if it had
@@ -332,7 +333,10 @@ def lost_messages(store: JobStore, broker: redis.Redis, stage: Stage, after_s: f
     entered the status (the transition comes first) and at most ``margin_s`` later by the
     publisher's clock (publish retries, clock skew); the queue is pushed to at one end and popped
     at the other, so while the job's message is in it, its oldest was pushed no later than that
-    message, and sent no later than entry + ``margin_s``."""
+    message, and sent no later than entry + ``margin_s``.
+
+    ``only``: take none but these (the jobs found so at the reaper's previous round: see
+    ``republish_lost``); the others found are returned untaken, re-scored neither."""
     status = stage.pending.value
     index = keys.unclaimed(status)
     now = store.server_time()
@@ -354,20 +358,40 @@ def lost_messages(store: JobStore, broker: redis.Redis, stage: Stage, after_s: f
         (candidates if current == status else stale).append(job_id)
     if stale:
         reindex(store, stale, store.lease_s)
+    if only is not None:
+        suspected = [job_id for job_id in candidates if job_id not in only]
+        candidates = [job_id for job_id in candidates if job_id in only]
+        if not candidates:
+            return suspected
+    else:
+        suspected = []
     # XX: a job claimed meanwhile (its entry dropped) is not re-added, and not published again
     for job_id in candidates:
         pipe.zadd(index, {job_id: now}, xx=True, ch=True)
-    return [job_id for job_id, moved in zip(candidates, pipe.execute()) if moved]
+    taken = [job_id for job_id, moved in zip(candidates, pipe.execute()) if moved]
+    return taken if only is None else [*taken, *suspected]
 
 
 def republish_lost(store: JobStore, broker: redis.Redis, republish: Callable[[Stage, list[str]], None],
-                   after_s: float, margin_s: float = REPUBLISH_MARGIN_S) -> list[str]:
+                   after_s: float, margin_s: float = REPUBLISH_MARGIN_S,
+                   suspects: dict[Stage, set[str]] | None = None) -> list[str]:
     """Publish again (``republish(stage, job_ids)``) the INIT and EVAL messages found lost
     (``lost_messages``); returns the jobs'. A copy of a message that was not lost after all is
-    a no-op through the stage claim."""
+    a no-op through the stage claim.
+
+    ``suspects`` (the reaper's, kept between its rounds): a job is published again only when
+    found lost at two rounds in a row. A message a worker has just fetched and not yet claimed
+    (between BRPOP and the claim, longer on a loaded machine) looks lost for that moment, when
+    its queue has just emptied; a round later it has been claimed."""
     republished = []
     for stage in UNCLAIMED_STAGES:
-        job_ids = lost_messages(store, broker, stage, after_s, margin_s)
+        if suspects is None:
+            job_ids = lost_messages(store, broker, stage, after_s, margin_s)
+        else:
+            before = suspects.get(stage, set())
+            found = lost_messages(store, broker, stage, after_s, margin_s, only=before)
+            job_ids = [job_id for job_id in found if job_id in before]
+            suspects[stage] = set(found) - before
         if job_ids:
             republish(stage, job_ids)
             for job_id in job_ids:
@@ -399,6 +423,8 @@ class Reaper:
         self.republish_after_s, self.republish_margin_s = republish_after_s, republish_margin_s
         self._stop = threading.Event()
         self._backfilled_at: float | None = None  # monotonic; None: not since taking the lock
+        #: jobs found with their INIT/EVAL message lost at the last round (republish_lost)
+        self._suspects: dict[Stage, set[str]] = {}
         self._accepted_drift = (0, 0, 0)
 
     def start(self) -> None:
@@ -425,7 +451,7 @@ class Reaper:
             self.on_reaped(reaped)
         if self.broker is not None and self.republish is not None:
             republished = republish_lost(self.store, self.broker, self.republish, self.republish_after_s,
-                                         self.republish_margin_s)
+                                         self.republish_margin_s, self._suspects)
             if republished:
                 self.on_republished(republished)
         return reaped
