@@ -55,6 +55,8 @@ from tests.support.services import ROOT, Gateway, LLMServer, eventually, start_l
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
     pytest.mark.integration,
+    # about a minute: CI runs it after the default run (scripts/test.sh), which stays under 10 minutes
+    pytest.mark.extended,
 ]
 
 DOC = ROOT / "docs" / "fault-matrix.md"

@@ -112,6 +112,7 @@ def gateway(app_gateway):
     replace_init_worker(app_gateway.cluster)
 
 
+@pytest.mark.extended  # 30 s for both: CI runs it after the default run, which stays under 10 minutes
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_jobs_handed_to_run_keep_their_sandboxes_when_the_init_worker_exits(gateway, slow_first_turn, sig):
     cluster = gateway.cluster
