@@ -27,6 +27,7 @@ COUNTERS = {
     "llm_requests": "generation requests sent to LLM backends",
     "lease_expiries": "stages ended because their worker was lost",
     "republished_messages": "INIT/EVAL messages published again because theirs was lost before its claim",
+    "retries": "stage failures outside the policy retried (from INIT on a fresh sandbox, or EVAL alone)",
 }
 
 
