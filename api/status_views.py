@@ -18,7 +18,7 @@ from prorl_celery.services import Services
 from prorl_celery.state import keys
 from prorl_celery.state.connection import get_redis
 from prorl_celery.state.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
-from prorl_celery.state.nodes import live_workers
+from prorl_celery.state.nodes import live_workers, warm_pools
 
 from .extension import app_services
 from .openapi import openapi_document
@@ -44,6 +44,8 @@ def service_status(services: Services) -> dict[str, Any]:
         # each with its health: healthy (routed to), since (when it entered that state), detail
         "backends": [b.__dict__ for b in services.pool.list()],
         "workers": workers,
+        # the INIT workers' warm pools added up (each worker's own is in its entry)
+        "warm_pool": warm_pools(workers),
         "tasks": registered_tasks(),
     }
 
@@ -87,7 +89,17 @@ class RedisStateCollector:
             healthy.add_metric([backend["address"]], 1 if backend["healthy"] else 0)
         workers = GaugeMetricFamily("prorl_workers", "workers seen in the last 30 s")
         workers.add_metric([], len(state["workers"]))
-        yield from (queued, active, jobs, outcomes, assigned, inflight, healthy, workers)
+        ready = GaugeMetricFamily("prorl_warm_pool_ready", "ready sandboxes in an INIT worker's warm pool",
+                                  labels=["worker", "node"])
+        refill = GaugeMetricFamily("prorl_warm_pool_refill_seconds", "median time an INIT worker's warm pool "
+                                   "took to start and warm a sandbox (last 64)", labels=["worker", "node"])
+        for worker in state["workers"]:
+            pool = worker.get("warm_pool")
+            if pool:
+                ready.add_metric([worker["name"], worker["node"] or ""], pool["ready"])
+                if pool.get("refill_s_p50") is not None:
+                    refill.add_metric([worker["name"], worker["node"] or ""], pool["refill_s_p50"])
+        yield from (queued, active, jobs, outcomes, assigned, inflight, healthy, workers, ready, refill)
         yield from cluster_metrics(app_services())
 
 

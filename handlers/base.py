@@ -137,6 +137,10 @@ class SandboxRequest:
     #: a JSONL file of ``{"id", "title", "text"}`` (path inside the sandbox, usually under a
     #: bind) that the ``search`` tool indexes with BM25; None: no search tool
     search_corpus: str | None = None
+    #: the tools the job will call that are slow to start: ``"python"`` (the IPython kernel) and
+    #: ``"search"`` (the corpus index). A warm pool keeps sandboxes per request, these started
+    #: (the shell always is); a sandbox started for a miss starts them on first use, as before
+    tools: tuple[str, ...] = ()
 
 
 @dataclass

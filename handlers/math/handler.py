@@ -81,7 +81,7 @@ class MathHandler(AgentHandler[ChatLLM]):
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         """Jobs with ``"tools": ["python"]`` get a sandbox whose IPython runs the agent's code."""
-        return SandboxRequest() if "python" in (job.instance.get("tools") or []) else None
+        return SandboxRequest(tools=("python",)) if "python" in (job.instance.get("tools") or []) else None
 
     async def eval(self, job: JobContext) -> EvalResult:
         """Reward 1.0 when the answer is equivalent to the ground truth, else 0.0."""

@@ -46,7 +46,7 @@ class StemHandler(AgentHandler[ChatLLM]):
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest:
         return SandboxRequest(binds=((str(DATA_DIR), CORPUS_MOUNT),),
-                              search_corpus=f"{CORPUS_MOUNT}/{CORPUS_NAME}")
+                              search_corpus=f"{CORPUS_MOUNT}/{CORPUS_NAME}", tools=("search", "python"))
 
     async def init(self, job: JobContext) -> dict[str, Any]:
         """Return ``{"messages", "gold", "max_iterations", "metadata", "index_warmup_s"}``.

@@ -73,6 +73,15 @@ class Settings(BaseSettings):
 
     runtime: str = Field("auto", description="sandbox runtime: auto | bubblewrap | apptainer | process")
     sandbox_dir: str = Field("/tmp/prorl-sandboxes", description="sandbox state and job workspaces")
+    warm_pool_size: int = Field(
+        0, ge=0, description="ready sandboxes an INIT worker process keeps of each kind (request) its jobs "
+        "ask for, tool server answering and tools started; 0: no warm pool")
+    warm_pool_max_mb: float = Field(
+        2048.0, gt=0, description="most resident memory (MB) an INIT worker's warm pool holds, summed over its "
+        "ready sandboxes; it also never fills the node's last 2 sandboxes' worth of available memory")
+    warm_pool_images: str = Field(
+        "", description="kinds the warm pool fills from start, 'image[+tool...]' comma separated "
+        "(dev+python: a math job with the python tool); others are kept once a job asks for them")
 
     api_token: str | None = Field(None, description="bearer token for the job endpoints (auth off when unset)")
     admin_token: str | None = Field(None, description="bearer token for /start, /stop and the LLM server endpoints")

@@ -28,6 +28,8 @@ COUNTERS = {
     "lease_expiries": "stages ended because their worker was lost",
     "republished_messages": "INIT/EVAL messages published again because theirs was lost before its claim",
     "retries": "stage failures outside the policy retried (from INIT on a fresh sandbox, or EVAL alone)",
+    "warm_pool_hits": "sandboxes INIT took ready from a warm pool",
+    "warm_pool_misses": "sandboxes INIT started itself while a warm pool had none of that kind ready",
 }
 
 

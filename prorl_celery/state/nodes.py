@@ -21,8 +21,9 @@ def stale_after_s(heartbeat_s: float) -> float:
 
 
 def live_workers(client: redis.Redis, heartbeat_s: float, now: float | None = None) -> list[dict[str, Any]]:
-    """Every worker seen recently: name, node, queues, seconds since its last heartbeat, and the
-    tasks it refuses (task -> the requirements it lacks, ``readiness``)."""
+    """Every worker seen recently: name, node, queues, seconds since its last heartbeat, the
+    tasks it refuses (task -> the requirements it lacks, ``readiness``), and an INIT worker's
+    warm pool (``WarmPool.stats``) when it keeps one."""
     now = time.time() if now is None else now
     seen = cast(ScoredMembers, client.zrangebyscore(keys.WORKERS, now - stale_after_s(heartbeat_s), "+inf",
                                                     withscores=True))
@@ -30,8 +31,18 @@ def live_workers(client: redis.Redis, heartbeat_s: float, now: float | None = No
     for name, _ in seen:
         pipe.hgetall(keys.worker(name))
     return [{"name": name, "node": info.get("node"), "queues": (info.get("queues") or "").split(","),
-             "last_seen_s": round(now - beat, 3), "refused_tasks": json.loads(info.get("refused") or "{}")}
+             "last_seen_s": round(now - beat, 3), "refused_tasks": json.loads(info.get("refused") or "{}"),
+             **({"warm_pool": json.loads(info["warm_pool"])} if info.get("warm_pool") else {})}
             for (name, beat), info in zip(seen, pipe.execute())]
+
+
+def warm_pools(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The warm pools of ``workers`` (``live_workers``) added up: ready sandboxes, hits, misses,
+    and the slowest of their median refill times (seconds; None before any refill)."""
+    pools = [w["warm_pool"] for w in workers if w.get("warm_pool")]
+    refills = [p["refill_s_p50"] for p in pools if p.get("refill_s_p50") is not None]
+    return {"pools": len(pools), "ready": sum(p["ready"] for p in pools), "hits": sum(p["hits"] for p in pools),
+            "misses": sum(p["misses"] for p in pools), "refill_s_p50": max(refills) if refills else None}
 
 
 def live_queues(client: redis.Redis, heartbeat_s: float) -> set[tuple[str, str]]:

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from handlers import SandboxRequest
 from prorl_celery.core.status import JobStatus
@@ -47,6 +47,9 @@ from singularity.runtime import (
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.protocol import SEARCH_CORPUS_ENV
 
+if TYPE_CHECKING:
+    from prorl_celery.worker.warm_pool import WarmPool
+
 log = logging.getLogger(__name__)
 
 #: SIGTERM to SIGKILL for a job's sandbox: a tool server exits at once, and a /stop with
@@ -68,6 +71,8 @@ class JobSandboxes:
         self.allocator = RedisAddressAllocator(redis_client, node)
         self.ledger = RedisSandboxLedger(redis_client)
         self._runtime: Runtime | None = None
+        #: this process's warm pool (INIT workers with ``PRORL_WARM_POOL_SIZE`` > 0), else None
+        self.pool: WarmPool | None = None
 
     @property
     def runtime(self) -> Runtime:
@@ -83,7 +88,18 @@ class JobSandboxes:
         return self._runtime
 
     async def start(self, job_id: str, request: SandboxRequest) -> dict[str, str]:
-        """Start the job's sandbox; returns what RUN needs to find and stop it."""
+        """The job's sandbox: a ready one from this process's warm pool when one matches,
+        else one started now; returns what RUN needs to find and stop it."""
+        if self.pool is not None:
+            taken = self.pool.take(request)
+            if taken is not None:
+                if self.ledger.assign(taken["node"], taken["id"], job_id):
+                    return taken
+                log.warning("pooled sandbox %s left the ledger before job %s took it", taken["id"], job_id)
+        return await self.start_new(job_id, request)
+
+    async def start_new(self, job_id: str, request: SandboxRequest) -> dict[str, str]:
+        """Start a sandbox for ``job_id`` (a warm pool's own id for a pooled one)."""
         # one directory per sandbox, not per job: a retried job's new sandbox must not share
         # (or lose) its workspace to the reaping of the old one
         workspace = self.workspaces / f"{job_id}.{uuid.uuid4().hex[:8]}"
@@ -120,6 +136,13 @@ class JobSandboxes:
             if report.left:
                 return  # the workspace may still be in use; the reaper's retry removes it
         self._remove_workspace(workspace)
+
+    def stop_blocking(self, sandbox: dict[str, str]) -> None:
+        """:meth:`stop`, on the calling thread (no event loop needed)."""
+        record = self.ledger.get(sandbox["node"], sandbox["id"])
+        if record is not None and self._teardown(record).left:
+            return
+        self._remove_workspace(sandbox.get("workspace") or (record.workspace if record else ""))
 
     def _teardown(self, record: SandboxRecord) -> ReapReport:
         """The one teardown path: through this process's runtime when it has one (its stop

@@ -75,12 +75,20 @@ class RedisSandboxLedger:
         """Atomic: the new owner is written only over the entry as read (a compare-and-set in
         Redis), so a stop between the read and the write never re-creates the entry, and a
         failed stop marked meanwhile is kept."""
+        return self._update(node, sandbox_id, {"owner": owner, "worker": worker})
+
+    def assign(self, node: str, sandbox_id: str, job_id: str) -> bool:
+        """A warm pool's sandbox now serves ``job_id`` (the same compare-and-set as
+        :meth:`transfer`): from here on the reaper asks that job's record whether it is held."""
+        return self._update(node, sandbox_id, {"job_id": job_id})
+
+    def _update(self, node: str, sandbox_id: str, update: dict[str, object]) -> bool:
         key = keys.node_sandboxes(node)
         while True:  # another try only after another writer changed this very entry
             entry = self.redis.hget(key, sandbox_id)
             if not entry:
                 return False
-            moved = SandboxRecord.model_validate_json(entry).model_copy(update={"owner": owner, "worker": worker})
+            moved = SandboxRecord.model_validate_json(entry).model_copy(update=update)
             done = self._transfer(keys=[key], args=[sandbox_id, entry, moved.model_dump_json()])
             if done >= 0:
                 return bool(done)

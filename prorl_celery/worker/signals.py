@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 from redis.typing import EncodableT, FieldT
@@ -27,11 +28,16 @@ from prorl_celery.state.leases import Reaper, give_up
 from prorl_celery.state.nodes import STALE_BEATS
 from prorl_celery.worker.readiness import refused_tasks
 
+if TYPE_CHECKING:
+    from prorl_celery.worker.warm_pool import WarmPool
+
 log = logging.getLogger(__name__)
 _stop = threading.Event()
 _worker_name: dict[str, str] = {}
 #: task -> what this worker lacks to run it (``readiness.refused_tasks``, at start-up)
 _refused: dict[str, list[str]] = {}
+#: this INIT worker's warm pool, once started (``PRORL_WARM_POOL_SIZE`` > 0)
+_warm_pool: list[WarmPool] = []
 
 
 def _retry_from_init(job_id: str) -> None:
@@ -89,10 +95,12 @@ def start_heartbeat(sender, **_: object) -> None:
     worker_name = consumer.hostname
     queues = sorted(consumer.app.amqp.queues.consume_from)
     concurrency = getattr(consumer.controller, "concurrency", None) if hasattr(consumer, "controller") else None
+    services = get_services()
+    if Stage.INIT.value in queues and services.settings.warm_pool_size > 0:
+        _start_warm_pool()
     thread = threading.Thread(target=_beat, args=(worker_name, queues, concurrency),
                               name="prorl-heartbeat", daemon=True)
     thread.start()
-    services = get_services()
     Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
            interval_s=services.settings.reaper_interval_s,
            retry=_retry_from_init,
@@ -110,6 +118,8 @@ def hand_back_on_shutdown(**_: object) -> None:
     stages; those still running after the grace period are handed back (retried from INIT while
     attempts remain, else failed) and aborted, which closes their sandboxes and backends."""
     stage_loop().close()  # RUN messages not yet claimed go back to the queue
+    if _warm_pool:
+        _warm_pool[0].stop_refilling()
     threading.Thread(target=_hand_back_after_grace, name="prorl-shutdown", daemon=True).start()
 
 
@@ -131,6 +141,7 @@ def _hand_back_after_grace() -> None:
 def stop_heartbeat(**_: object) -> None:
     _drain_stage_loop()
     _stop.set()
+    _close_warm_pool()
     try:
         redis = get_services().redis
         redis.zrem(keys.WORKERS, _worker_name.get("name", ""))
@@ -155,6 +166,29 @@ def _drain_stage_loop() -> None:
             loop.call(close_http_client(), timeout_s=5)
         except Exception as error:  # noqa: BLE001 - exiting anyway
             log.warning("cannot close the LLM HTTP session: %s", error)
+
+
+def _start_warm_pool() -> None:
+    """An INIT worker with ``PRORL_WARM_POOL_SIZE`` > 0 keeps ready sandboxes for its jobs."""
+    from prorl_celery.worker.warm_pool import WarmPool, parse_presets
+    services = get_services()
+    settings = services.settings
+    pool = WarmPool(services.sandboxes, size=settings.warm_pool_size, max_mb=settings.warm_pool_max_mb,
+                    presets=parse_presets(settings.warm_pool_images), count=services.metrics.count,
+                    paused=lambda: not services.store.service_started())
+    services.sandboxes.pool = pool
+    _warm_pool.append(pool)
+    pool.start()
+    log.info("warm pool: %d ready sandboxes per kind, at most %.0f MB", settings.warm_pool_size,
+             settings.warm_pool_max_mb)
+
+
+def _close_warm_pool() -> None:
+    if _warm_pool:
+        try:
+            _warm_pool[0].close()
+        except Exception as error:  # noqa: BLE001 - the node's reaper stops what is left
+            log.warning("cannot close the warm pool: %s", error)
 
 
 def _reap_sandboxes() -> None:
@@ -209,6 +243,8 @@ def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
     info: dict[FieldT, EncodableT] = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
                                   "concurrency": concurrency or "", "refused": json.dumps(_refused)}
     while not _stop.is_set():
+        if _warm_pool:
+            info["warm_pool"] = json.dumps(_warm_pool[0].stats())
         try:
             pipe = services.redis.pipeline(transaction=False)
             pipe.hset(keys.worker(name), mapping=info)

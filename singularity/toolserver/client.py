@@ -31,6 +31,7 @@ from .protocol import (
     PingResult,
     Response,
     SearchResult,
+    WarmResult,
 )
 from .unixpath import usable_path
 
@@ -155,6 +156,13 @@ class ToolClient:
 
     async def search(self, query: str, k: int = 5) -> SearchResult:
         return SearchResult.parse(await self.call("search", {"query": query, "k": k}))
+
+    async def warm(self, ipython: bool = False, search: bool = False) -> WarmResult:
+        """Start the shell, and the kernel and the search index when asked, before a job needs
+        them (a warm pool's sandbox); runs no user code."""
+        result = await self.call("warm", {"ipython": ipython, "search": search},
+                                 deadline_s=DEFAULT_DEADLINE_S + 120.0)
+        return WarmResult.parse(result)
 
     async def shutdown(self) -> None:
         """Ask the server to exit (it answers first)."""

@@ -264,6 +264,13 @@ class IPythonTool:
             error="Timeout: the cell did not stop on KeyboardInterrupt",
         )
 
+    async def warm(self) -> None:
+        """Start the kernel now (a warm pool's sandbox): no cell runs, so the job's first
+        cell is ``In[1]`` as in a cold sandbox."""
+        async with self._lock:
+            if not self.session.started and not self.runner.busy:
+                await self._on_main(self.session.start, KERNEL_START_TIMEOUT_S)
+
     async def _on_main(self, fn, timeout_s: float):
         waiter = asyncio.wrap_future(self.runner.submit(fn))
         return await asyncio.wait_for(waiter, timeout_s)

@@ -20,6 +20,7 @@ Tools and their models (every model forbids unknown fields, so a typo fails loud
     ipython    IPythonArgs   -> IPythonResult
     editor     EditorArgs    -> EditorResult     (EditorArgs is a union keyed by ``command``)
     search     SearchArgs    -> SearchResult
+    warm       WarmArgs      -> WarmResult       (start the shell, the kernel, the index now)
 
 The error codes are listed in :mod:`singularity.toolserver.errors`.
 """
@@ -195,6 +196,21 @@ class SearchResult(Model):
     hits: list[SearchHit]
 
 
+class WarmArgs(Model):
+    """What to start before a job needs it (a warm pool's sandbox): the shell always; the
+    IPython kernel and the search index when asked. Runs no user code."""
+
+    ipython: bool = False
+    search: bool = False
+
+
+class WarmResult(Model):
+    shell: bool
+    ipython: bool
+    search: bool
+    seconds: float
+
+
 TOOLS: dict[str, tuple[Any, type[Model]]] = {
     "ping": (PingArgs, PingResult),
     "shutdown": (ShutdownArgs, ShutdownResult),
@@ -202,6 +218,7 @@ TOOLS: dict[str, tuple[Any, type[Model]]] = {
     "ipython": (IPythonArgs, IPythonResult),
     "editor": (EditorArgs, EditorResult),
     "search": (SearchArgs, SearchResult),
+    "warm": (WarmArgs, WarmResult),
 }
 _REQUEST_DECODER = msgspec.json.Decoder(Request)
 _ENCODER = msgspec.json.Encoder()

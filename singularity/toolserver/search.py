@@ -56,6 +56,10 @@ class BM25Backend:
             dict(self._docs[int(i)], score=float(s)) for i, s in zip(ids[0], scores[0]) if s > 0
         ]
 
+    def warm(self) -> None:
+        """Build the index now (a warm pool's sandbox), not on the first search."""
+        self._ensure_index()
+
     def _ensure_index(self) -> None:
         with self._lock:
             if self._index is not None:
@@ -137,6 +141,14 @@ def _known_fields(hit: Any) -> Any:
 class SearchTool:
     def __init__(self, backend: SearchBackend | None) -> None:
         self.backend = backend
+
+    async def warm(self) -> bool:
+        """Index the corpus now, when the backend has one to index; whether it did."""
+        warm = getattr(self.backend, "warm", None)
+        if warm is None:
+            return False
+        await asyncio.to_thread(warm)
+        return True
 
     async def __call__(self, args: SearchArgs) -> SearchResult:
         if self.backend is None:

@@ -40,7 +40,7 @@ from .editor import Editor
 from .errors import ToolError
 from .ipython import IPythonTool
 from .mainthread import STOP_SIGNALS, MainThreadRunner
-from .protocol import PingResult, ShutdownResult
+from .protocol import PingResult, ShutdownResult, WarmResult
 from .search import BM25Backend, HTTPSearchBackend, SearchBackend, SearchTool
 from .unixpath import usable_path
 
@@ -81,13 +81,15 @@ class ToolServer:
             shell=config.shell,
         )
         self.ipython = IPythonTool(runner, config.max_output, ipython_dir=self.run_dir / "ipython")
+        self.search = SearchTool(config.search_backend())
         self.tools = {
             "ping": self._ping,
+            "warm": self._warm,
             "shutdown": self._shutdown,
             "bash": self.bash.run,
             "ipython": self.ipython,
             "editor": Editor(config.workspace, config.max_output),
-            "search": SearchTool(config.search_backend()),
+            "search": self.search,
         }
         self.addresses: list[str] = []
         self.exit_code = 0
@@ -258,6 +260,16 @@ class ToolServer:
 
     async def _ping(self, args: protocol.PingArgs) -> PingResult:
         return PingResult(pid=os.getpid(), uptime_s=time.monotonic() - self.started_at)
+
+    async def _warm(self, args: protocol.WarmArgs) -> WarmResult:
+        started = time.monotonic()
+        self._shell_prestarted = True
+        await self.bash.ensure_started()
+        if args.ipython:
+            await self.ipython.warm()
+        indexed = await self.search.warm() if args.search else False
+        return WarmResult(shell=self.bash.alive, ipython=self.ipython.session.started, search=indexed,
+                          seconds=time.monotonic() - started)
 
     async def _shutdown(self, args: protocol.ShutdownArgs) -> ShutdownResult:
         asyncio.get_running_loop().call_later(0.01, self.request_stop)

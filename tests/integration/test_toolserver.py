@@ -324,3 +324,23 @@ def test_search_bm25_over_the_local_corpus(server):
     assert hits[0].id == "d2" and hits[0].title == "Binary search"
     assert len(hits) <= 2 and all(h.score > 0 for h in hits)
     assert run(call(server, "search", "zebra unicorn")).hits == []
+
+
+def test_warm_starts_the_shell_kernel_and_index_without_running_a_cell(tmp_path):
+    """A warm pool's sandbox: ``warm`` starts what the job will use; the job's first cell is
+    still the kernel's first (``In`` holds only it), and its first search finds the index built."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(doc) + "\n" for doc in CORPUS))
+    handle = start(tmp_path, search_corpus=corpus)
+    try:
+        cold = run(call(handle, "warm"))
+        assert (cold.shell, cold.ipython, cold.search) == (True, False, False)
+        warmed = run(call(handle, "warm", ipython=True, search=True))
+        assert (warmed.shell, warmed.ipython, warmed.search) == (True, True, True)
+        again = run(call(handle, "warm", ipython=True, search=True))
+        assert again.seconds < warmed.seconds  # started once
+        first = run(call(handle, "ipython", "len(In), 6 * 7"))
+        assert first.result == "(2, 42)", first
+        assert run(call(handle, "search", "sorted array binary", k=1)).hits[0].id == "d2"
+    finally:
+        assert handle.stop() == 0

@@ -113,6 +113,11 @@
     fill("sandboxes", Object.keys(data.sandboxes).map(function (node) {
       return row([cell("td", node), cell("td", data.sandboxes[node], "num")]);
     }), "no live worker nodes", 2);
+    fill("warm-pools", status.workers.filter(function (w) { return w.warm_pool; }).map(function (w) {
+      var p = w.warm_pool;
+      return row([cell("td", w.name, "mono"), cell("td", p.ready + " / " + p.size, "num"), cell("td", p.hits, "num"),
+                  cell("td", p.misses, "num"), cell("td", secs(p.refill_s_p50), "num")]);
+    }), "no warm pool (PRORL_WARM_POOL_SIZE)", 5);
     fill("counters", Object.keys(data.counters).map(function (name) {
       return row([cell("td", name.replace(/_/g, " ")), cell("td", data.counters[name], "num")]);
     }), "", 2);
