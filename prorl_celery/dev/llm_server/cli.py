@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from prorl_celery.dev.devmodels import TOKENIZER_NAMES
+
 
 class BackgroundServer:
     """uvicorn serving ``app`` on a loopback port from a daemon thread (tests, benches).
@@ -74,8 +76,10 @@ def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | No
 
 @click.command("llm-serve")
 @click.option("--model", "model", metavar="DIR",
-              help="serve a Hugging Face causal LM on CPU (torch)")
-@click.option("--scripted", metavar="RULES.json",
+              type=click.Path(exists=True, file_okay=False),
+              help="serve a Hugging Face causal LM on CPU (torch); the tiny fixture model is "
+                   "$(prorl fixtures path)/tiny-qwen2-qwen3-v1")
+@click.option("--scripted", metavar="RULES.json", type=click.Path(exists=True, dir_okay=False),
               help='scripted replies: [{"match": regex, "replies": [...], "delay_s": 0}];'
                    ' [] = always random')
 @click.option("--tokenizer", metavar="DIR|qwen3|llama3",
@@ -94,6 +98,10 @@ def llm_serve(model: str | None, scripted: str | None, tokenizer: str | None, ho
               log_level: str) -> None:
     """Serve an LLM over the vLLM, SGLang and llama.cpp protocols."""
     import uvicorn
+
+    if tokenizer is not None and tokenizer not in TOKENIZER_NAMES and not Path(tokenizer).is_dir():
+        raise click.BadParameter(f"{tokenizer!r} is neither a directory nor one of "
+                                 f"{', '.join(TOKENIZER_NAMES)}", param_hint="--tokenizer")
 
     from prorl_celery.dev.llm_server.app import create_llm_app
 
