@@ -122,6 +122,7 @@ def job(job_id: str):
     return render_template(
         "dashboard/job.html", result=result, terminal=JobStatus(result["status"]).terminal,
         conversation=trajectory_view.conversation(result),
+        no_messages_reason=trajectory_view.no_messages_reason(result),
         tokens=trajectory_view.token_view(trajectory, tokenizer), tokenizer_note=tokenizer_note,
         fidelity=trajectory_view.fidelity(trajectory, tokenizer),
         artifacts=trajectory_view.artifacts(result), instance=record.instance,

@@ -227,3 +227,49 @@ def test_dashboard_sign_in_with_a_cookie(secured_app):
     bearer = secured_app.test_client().get("/dashboard/api/overview",
                                            headers={"Authorization": "Bearer admin-secret"})
     assert bearer.status_code == 200
+
+
+def test_cancelled_job_page_says_where_it_was_cancelled(gateway, store):
+    """A job cancelled during RUN says so (not "has not reached RUN"), and a reward that is not
+    valid shows as a dash with its outcome, in the list as on the page."""
+    for job_id, reached_run in (("cancel-in-run", True), ("cancel-in-init", False)):
+        store.create(job_id, {"task": "math", "instance": {"problem": "p"}, "sampling_params": {},
+                              "budget_s": 60, "attempt": 1})
+        assert store.claim_stage(job_id, Stage.INIT).ok
+        if reached_run:
+            assert store.hand_over(job_id, Stage.INIT).ok
+            assert store.claim_stage(job_id, Stage.RUN, {"run_node": "node-a"}).ok
+        assert store.cancel(job_id).ok
+    in_run = gateway.get("/dashboard/jobs/cancel-in-run").text
+    assert "cancelled during RUN, before its first model turn ended" in in_run
+    assert "has not reached RUN" not in in_run
+    assert re.search(r'id="job-reward">–\s*<span class="muted">\(no valid reward: cancelled\)', in_run)
+    assert "cancelled before RUN started" in gateway.get("/dashboard/jobs/cancel-in-init").text
+    listing = gateway.get("/dashboard/jobs").text
+    row = re.search(r'<tr data-job-id="cancel-in-run">(.*?)</tr>', listing, re.S).group(1)
+    assert '<td class="num">–</td>' in row
+
+
+def test_expected_think_drift_is_explained(gateway, store, qwen3_tokenizer):
+    """Qwen3's template drops earlier turns' <think> blocks: the re-rendered text drifts there, and
+    the viewer says that this is expected rather than warning."""
+    tokenizer = load_tokenizer(qwen3_tokenizer)
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    prompt = tokenizer.prompt_ids(messages)
+    reply = tokenizer.encode("<think>two plus three</think>Let me check.<|im_end|>")
+    observation = tokenizer.observation_ids({"role": "user", "content": "Sure?"})
+    second = tokenizer.encode("<think>yes</think>\\boxed{5}<|im_end|>")
+    trajectory = {"prompt_ids": prompt, "response_ids": reply + observation + second,
+                  "response_mask": [1] * len(reply) + [0] * len(observation) + [1] * len(second),
+                  "response_logprobs": [-0.1] * (len(reply) + len(observation) + len(second)),
+                  "messages": messages + [{"role": "assistant", "content": tokenizer.decode(reply, False)
+                                           .removesuffix("<|im_end|>")},
+                                          {"role": "user", "content": "Sure?"},
+                                          {"role": "assistant", "content": tokenizer.decode(second, False)
+                                           .removesuffix("<|im_end|>")}],
+                  "num_turns": 2, "tokenizer": qwen3_tokenizer}
+    finish_job(store, "think-job", fields={"trajectory": trajectory})
+    page = gateway.get("/dashboard/jobs/think-job").text
+    assert re.search(r'class="fidelity expected" id="fidelity">Fidelity check: drift at id', page)
+    assert "drops earlier turns&#39; &lt;think&gt; blocks" in page
+    assert "training is not affected" in page
