@@ -302,6 +302,7 @@ class AsyncRolloutClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the connections."""
         await self._http.aclose()
 
     # -- transport with retries and fail-over ------------------------------------------------
@@ -355,6 +356,7 @@ class AsyncRolloutClient:
         return await self.submit_request(request)
 
     async def submit_request(self, request: JobRequest) -> str:
+        """Create the job a :class:`JobRequest` describes; returns its id."""
         async with self._submit_slots:
             response = await self.request("POST", "/jobs", json=request.body())
         return response.json()["job_id"]
@@ -542,6 +544,12 @@ class AsyncRolloutClient:
         """Register a backend (idempotent); returns ``{"address", "type", "added", "generation"}``."""
         return (await self.request("POST", "/add_llm_server", json={"address": address, "type": type})).json()
 
+    async def remove_llm_server(self, address: str) -> bool:
+        """Stop routing new jobs to one backend (``POST /clear_llm_server {"address"}``; jobs in
+        flight keep it); True if it was registered."""
+        reply = (await self.request("POST", "/clear_llm_server", json={"address": address})).json()
+        return bool(reply.get("removed"))
+
     async def clear_llm_servers(self) -> int:
         """Forget every backend; returns the new generation. Retried only if never sent."""
         return (await self.request("POST", "/clear_llm_server", idempotent=False)).json()["generation"]
@@ -585,7 +593,19 @@ class LoopThread:
 
 
 class RolloutClient:
-    """Blocking client; same methods and arguments as :class:`AsyncRolloutClient`."""
+    """Blocking client of one rollout deployment: the methods of :class:`AsyncRolloutClient`,
+    run on an event loop of its own thread, so that a training loop need not be asyncio.
+
+    ``urls`` is one gateway URL or several (tried in turn when one does not answer); ``options``
+    are :class:`AsyncRolloutClient`'s (``token``, ``retry``, ``timeout_s``, ...). Use it as a
+    context manager, or call :meth:`close`::
+
+        with RolloutClient("http://127.0.0.1:8080") as client:
+            job_id = client.submit({"data_source": "math", "problem": "What is 2 + 3?", "answer": "5"},
+                                   sampling_params={"max_tokens": 256})
+            result = client.wait(job_id)          # the result dict: docs/api.md
+            reward = reward_of(result)            # None when the reward is not valid
+    """
 
     def __init__(self, urls: str | Sequence[str], **options: Any) -> None:
         self._thread = LoopThread()
@@ -602,6 +622,7 @@ class RolloutClient:
         self.close()
 
     def close(self) -> None:
+        """Close the connections and stop the client's thread (idempotent)."""
         if not self._thread.loop.is_closed():
             self._thread.run(self.aio.aclose())
             self._thread.close()
@@ -612,30 +633,57 @@ class RolloutClient:
 
     @property
     def urls(self) -> list[str]:
+        """The gateway URLs, in the order they are tried."""
         return self.aio.urls
 
-    def submit(self, instance: dict[str, Any], **fields: Any) -> str:
-        return self.run(self.aio.submit(instance, **fields))
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def submit(self, instance: dict[str, Any], *, sampling_params: dict[str, Any] | None = None,
+               job_id: str | None = None, task: str | None = None, timeout_s: float | None = None) -> str:
+        """Create one job (``POST /jobs``) and return its id at once, without waiting.
+
+        ``instance`` is the task instance itself (``{"data_source": "math", "problem": ..., "answer":
+        ...}``), not a request body; ``sampling_params`` holds the sampler's keys (``max_tokens``,
+        ``temperature``, ...) and agent keys; ``job_id`` makes the call idempotent (default: a
+        fresh id); ``task`` names the handler when ``instance.data_source`` does not; ``timeout_s``
+        is the job's active-time budget."""
+        return self.run(self.aio.submit(instance, sampling_params=sampling_params, job_id=job_id, task=task,
+                                        timeout_s=timeout_s))
 
     def submit_request(self, request: JobRequest) -> str:
+        """Create the job a :class:`JobRequest` describes; returns its id."""
         return self.run(self.aio.submit_request(request))
 
     def submit_many(self, requests: Iterable[JobRequest], batch_size: int = 500) -> list[str]:
+        """Create every job, ``batch_size`` per request; the ids in the order given. Ids are fixed
+        in each :class:`JobRequest`, so retrying after a failure never runs a job twice."""
         return self.run(self.aio.submit_many(list(requests), batch_size=batch_size))
 
-    def submit_group(self, instance: dict[str, Any], num_samples: int, **fields: Any) -> list[str]:
-        return self.run(self.aio.submit_group(instance, num_samples, **fields))
+    def submit_group(self, instance: dict[str, Any], num_samples: int, *,
+                     sampling_params: dict[str, Any] | None = None, group_id: str | None = None,
+                     task: str | None = None, timeout_s: float | None = None) -> list[str]:
+        """``num_samples`` rollouts of one instance (a GRPO group) in one request; returns the ids
+        ``<group_id>-<i>``, and each result's ``trajectory_id`` is ``i``."""
+        return self.run(self.aio.submit_group(instance, num_samples, sampling_params=sampling_params,
+                                              group_id=group_id, task=task, timeout_s=timeout_s))
 
     def poll(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """The job's result if it has ended within ``wait_s``, else its pending record (``status``,
+        ``stage``, ``timing``); never raises for a job still running."""
         return self.run(self.aio.poll(job_id, wait_s))
 
     def wait(self, job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Block until the job ends and return its result (every field: docs/api.md). Raises
+        :class:`WaitTimeout` after ``timeout_s`` (None: no limit), JobNotFound for an unknown id."""
         return self.run(self.aio.wait(job_id, timeout_s))
 
     def wait_all(self, job_ids: Sequence[str], timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Every job's result, in the order of ``job_ids``, over one streamed request per 10,000."""
         return self.run(self.aio.wait_all(job_ids, timeout_s))
 
     def as_completed(self, job_ids: Iterable[str], timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield each job's result as it ends, in the order they end; leaving the loop early
+        stops the waiting (the jobs go on: :meth:`cancel` them if they are no longer wanted)."""
         results = self.aio.as_completed(list(job_ids), timeout_s)
         try:
             while True:
@@ -646,8 +694,13 @@ class RolloutClient:
         finally:
             self.run(results.aclose())
 
-    def process(self, instance: dict[str, Any], **fields: Any) -> dict[str, Any]:
-        return self.run(self.aio.process(instance, **fields))
+    def process(self, instance: dict[str, Any], *, sampling_params: dict[str, Any] | None = None,
+                job_id: str | None = None, task: str | None = None, timeout_s: float | None = None,
+                wait_timeout_s: float | None = None) -> dict[str, Any]:
+        """Submit one job and wait for its result (``submit`` then ``wait``); unlike ``POST
+        /process``, a dropped connection does not lose the job, since the wait resumes by id."""
+        return self.run(self.aio.process(instance, sampling_params=sampling_params, job_id=job_id, task=task,
+                                         timeout_s=timeout_s, wait_timeout_s=wait_timeout_s))
 
     def run_until_valid(self, requests: Sequence[JobRequest], *, max_resubmits: int = 0,
                         timeout_s: float | None = None) -> list[list[dict[str, Any]]]:
@@ -656,12 +709,24 @@ class RolloutClient:
         return self.run(self.aio.run_until_valid(requests, max_resubmits=max_resubmits, timeout_s=timeout_s))
 
     def cancel(self, job_ids: str | Iterable[str]) -> CancelOutcome:
+        """Cancel one job or many. Returns which were cancelled, and for the others the status
+        they had (``completed``, ..., or ``not_found``); a cancelled job ends ``cancelled``."""
         return self.run(self.aio.cancel(job_ids))
 
+    # -- backends and status -----------------------------------------------------------------------
+
     def add_llm_server(self, address: str, type: str = "vllm") -> dict[str, Any]:
+        """Register an LLM server (``http://host:port/v1``; ``type``: ``vllm``, ``sglang`` or
+        ``llamacpp``); idempotent. Returns its entry with its health."""
         return self.run(self.aio.add_llm_server(address, type))
 
+    def remove_llm_server(self, address: str) -> bool:
+        """Stop routing new jobs to one LLM server (jobs in flight keep it); True if it was
+        registered."""
+        return self.run(self.aio.remove_llm_server(address))
+
     def clear_llm_servers(self) -> int:
+        """Forget every LLM server; returns the new generation."""
         return self.run(self.aio.clear_llm_servers())
 
     def set_policy_version(self, version: int, address: str | None = None) -> dict[str, int]:
@@ -669,9 +734,13 @@ class RolloutClient:
         return self.run(self.aio.set_policy_version(version, address))
 
     def llm_servers(self) -> dict[str, Any]:
+        """The registered LLM servers, each with its assignments, jobs in flight, version and
+        health (``GET /llm_servers``)."""
         return self.run(self.aio.llm_servers())
 
     def status(self) -> dict[str, Any]:
+        """The service's status (``GET /status``): jobs by status and outcome, queues, workers,
+        backends."""
         return self.run(self.aio.status())
 
 
