@@ -37,13 +37,14 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from handlers import EndpointRequest
 from prorl_celery.core.errors import BackendError, ContextExhausted
+from prorl_celery.llm import anthropic_messages, responses_api
 from prorl_celery.llm.segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
 from prorl_celery.llm.session import TokenSession
 from singularity.toolserver.agentrun import ENDPOINT_INSIDE, ENDPOINT_SOCKET
@@ -51,8 +52,9 @@ from singularity.toolserver.agentrun import ENDPOINT_INSIDE, ENDPOINT_SOCKET
 log = logging.getLogger(__name__)
 
 #: request keys an agent may send that the endpoint obeys (the job's sampling params rule the rest)
-OBEYED = {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "logprobs", "top_logprobs",
-          "max_tokens", "max_completion_tokens", "n", "prompt", "return_token_ids", "echo"}
+OBEYED = frozenset({"model", "messages", "tools", "tool_choice", "stream", "stream_options", "logprobs",
+                    "top_logprobs", "max_tokens", "max_completion_tokens", "n", "prompt", "return_token_ids",
+                    "echo", "stop"})
 MAX_BODY_BYTES = 64 * 2**20
 
 
@@ -65,6 +67,16 @@ class EndpointRefused(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": None}}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One served model turn: the parsed reply, the backend's generation, and the prompt's ids."""
+
+    reply: Reply
+    generation: Any  # handlers.base.Generation
+    prompt_tokens: int
+    prompt_ids: list[int]
 
 
 class AgentEndpoint:
@@ -80,6 +92,8 @@ class AgentEndpoint:
         self.refused: dict[str, int] = {}
         self.ignored_params: set[str] = set()
         self.call_log: list[dict[str, Any]] = []
+        #: the Responses API's served responses, for ``previous_response_id``
+        self.responses = responses_api.ResponseStore()
         self.closed: str | None = None
         self.stop_reason: str | None = None
         self._stop = asyncio.Event()
@@ -90,7 +104,8 @@ class AgentEndpoint:
 
     def authorized(self, headers: Any) -> bool:
         given = headers.get("authorization", "")
-        token = given[7:].strip() if given.lower().startswith("bearer ") else headers.get("api-key", "")
+        token = (given[7:].strip() if given.lower().startswith("bearer ")
+                 else headers.get("x-api-key") or headers.get("api-key", ""))  # Anthropic's, Azure's
         return bool(token) and hmac.compare_digest(token.encode(), self.key.encode())
 
     def request_stop(self, reason: str) -> None:
@@ -137,15 +152,18 @@ class AgentEndpoint:
 
     # -- calls ----------------------------------------------------------------------------------
 
-    def _overrides(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.ignored_params |= {k for k in body if k not in OBEYED}
+    def _overrides(self, body: dict[str, Any], obeyed: frozenset[str] | set[str] = OBEYED,
+                   caps: tuple[str, ...] = ("max_completion_tokens", "max_tokens")) -> dict[str, Any]:
+        """The sampling overrides an agent's request may make (a smaller ``max_tokens``), and
+        every key of it the endpoint does not obey noted in ``ignored_params``."""
+        self.ignored_params |= {k for k in body if k not in obeyed}
         if body.get("n", 1) not in (1, None):
             raise EndpointRequestError("n must be 1")
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        cap = next((body[k] for k in caps if body.get(k) is not None), None)
         if cap is None:
             return {}
         if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
-            raise EndpointRequestError("max_tokens must be a positive integer")
+            raise EndpointRequestError(f"{caps[-1]} must be a positive integer")
         return {"max_tokens": min(int(self.session.sampling["max_tokens"]), cap)}
 
     async def _generate(self, overrides: dict[str, Any]):
@@ -174,21 +192,16 @@ class AgentEndpoint:
         session.drift_events[-1].update(kept_tokens=kept, drifted_tokens=len(previous) - kept)
         log.info("endpoint drift at call %d: %s", self.calls, drift.get("reason"))
 
-    async def chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], Reply, Any]:
-        """One ``/v1/chat/completions`` call; returns (response, reply, generation)."""
+    async def converse(self, parsed: list[Message], tools: list[dict[str, Any]] | None, *,
+                       parse_tools: bool, overrides: dict[str, Any], kind: str = "chat",
+                       model: str | None = None, stop: Sequence[str] = ()) -> Turn:
+        """One model turn of a conversation sent as chat messages, whatever API it came in.
+
+        Every dialect (chat completions, Anthropic Messages, OpenAI Responses) translates its
+        request to ``parsed`` (and tools in OpenAI's function shape, as chat templates take
+        them) and its answer from the returned :class:`Turn`; the history matching, the session
+        and the limits are this one method's."""
         self._admit()
-        raw_messages = body.get("messages")
-        if not isinstance(raw_messages, list):
-            raise EndpointRequestError("messages must be a list")
-        parsed = [Message.parse(m, i) for i, m in enumerate(raw_messages)]
-        tools = body.get("tools") or None
-        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-            raise EndpointRequestError("tools must be a list of objects")
-        if body.get("tool_choice") == "none":
-            tools_for_parse = False
-        else:
-            tools_for_parse = bool(tools)
-        overrides = self._overrides(body)
         async with self._lock:
             self._admit()
             self.calls += 1
@@ -205,13 +218,39 @@ class AgentEndpoint:
             self.matcher.observed(plan, parsed, tools)
             context = len(session.context_ids)
             generation = await self._generate(overrides)
-            reply = Reply.parse(generation.text, tools_given=tools_for_parse, finish=generation.finish_reason)
+            reply = Reply.parse(generation.text, tools_given=parse_tools, finish=generation.finish_reason, stop=stop)
             self.matcher.replied(reply)
-            self.call_log.append({"call": self.calls, "kind": "chat", "action": plan.action,
-                                  "segment": len(session.archived_segments), "prompt_tokens": context,
-                                  "completion_tokens": len(generation.token_ids),
-                                  "seconds": round(time.monotonic() - started, 4)})
-        return self._chat_response(body, reply, generation, context, session.context_ids), reply, generation
+            entry = {"call": self.calls, "kind": kind, "action": plan.action,
+                     "segment": len(session.archived_segments), "prompt_tokens": context,
+                     "completion_tokens": len(generation.token_ids),
+                     "seconds": round(time.monotonic() - started, 4)}
+            if model is not None:
+                entry["model"] = model
+            self.call_log.append(entry)
+            prompt_ids = session.context_ids[:context]
+        return Turn(reply, generation, context, prompt_ids)
+
+    def count_tokens(self, parsed: list[Message], tools: list[dict[str, Any]] | None) -> int:
+        """Tokens the chat template makes of a conversation (nothing is generated or kept)."""
+        if not parsed:
+            raise EndpointRequestError("messages must not be empty")
+        return len(self.session.tokenizer.prompt_ids([m.for_template() for m in parsed], tools))
+
+    async def chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], Reply, Any]:
+        """One ``/v1/chat/completions`` call; returns (response, reply, generation)."""
+        self._admit()
+        raw_messages = body.get("messages")
+        if not isinstance(raw_messages, list):
+            raise EndpointRequestError("messages must be a list")
+        parsed = [Message.parse(m, i) for i, m in enumerate(raw_messages)]
+        tools = body.get("tools") or None
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise EndpointRequestError("tools must be a list of objects")
+        overrides = self._overrides(body)
+        turn = await self.converse(parsed, tools, parse_tools=bool(tools) and body.get("tool_choice") != "none",
+                                   overrides=overrides, stop=stop_strings(body.get("stop"), "stop"))
+        response = self._chat_response(body, turn.reply, turn.generation, turn.prompt_tokens, turn.prompt_ids)
+        return response, turn.reply, turn.generation
 
     async def completion(self, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         """One ``/v1/completions`` call on text (or ids); returns (response, generation)."""
@@ -327,6 +366,17 @@ class AgentEndpoint:
                                             "owned_by": "prorl", "max_model_len": self.session.max_model_len}]}
 
 
+def stop_strings(value: Any, name: str) -> list[str]:
+    """An agent's stop sequences (one string or a list of them)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise EndpointRequestError(f"{name} must be a string or a list of strings")
+
+
 def _usage(prompt_tokens: int, generation: Any) -> dict[str, int]:
     completion = len(generation.token_ids)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
@@ -388,12 +438,14 @@ def create_app(endpoint: AgentEndpoint) -> Any:
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    def error(refusal: EndpointRefused) -> JSONResponse:
-        return JSONResponse(refusal.body(), status_code=refusal.status)
+    def error(refusal: EndpointRefused, dialect: str = "openai") -> JSONResponse:
+        body = (anthropic_messages.error_body(refusal.status, refusal.message) if dialect == "anthropic"
+                else refusal.body())
+        return JSONResponse(body, status_code=refusal.status)
 
-    def unauthorized() -> JSONResponse:
+    def unauthorized(dialect: str = "openai") -> JSONResponse:
         return error(EndpointRefused(401, "invalid_api_key", "a valid key for this job's endpoint is required",
-                                     "authentication_error"))
+                                     "authentication_error"), dialect)
 
     async def read(request: Request) -> dict[str, Any]:
         data = await request.body()
@@ -415,9 +467,17 @@ def create_app(endpoint: AgentEndpoint) -> Any:
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
 
+    def named_sse(events: list[tuple[str, dict[str, Any]]]) -> StreamingResponse:
+        """Anthropic's and the Responses API's streams: named events, no ``[DONE]``."""
+        async def lines() -> AsyncIterator[bytes]:
+            for name, data in events:
+                yield f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        return StreamingResponse(lines(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
     async def call(request: Request, kind: str) -> Any:
+        dialect = "anthropic" if kind in ("messages", "count_tokens") else "openai"
         if not endpoint.authorized(request.headers):
-            return unauthorized()
+            return unauthorized(dialect)
         try:
             body = await read(request)
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -425,21 +485,48 @@ def create_app(endpoint: AgentEndpoint) -> Any:
                 response, reply, _ = await endpoint.chat(body)
                 if body.get("stream"):
                     return sse(chat_chunks(response, reply, include_usage))
-            else:
+            elif kind == "completion":
                 response, _ = await endpoint.completion(body)
                 if body.get("stream"):
                     return sse(completion_chunks(response, include_usage))
+            elif kind == "messages":
+                response, stream = await anthropic_messages.create(endpoint, body)
+                if stream:
+                    return named_sse(anthropic_messages.stream_events(response))
+            elif kind == "count_tokens":
+                response = anthropic_messages.count_tokens(endpoint, body)
+            else:
+                response, stream = await responses_api.create(endpoint, body)
+                if stream:
+                    return named_sse(responses_api.stream_events(response))
             return JSONResponse(response)
         except EndpointRefused as refusal:
-            return error(refusal)
+            return error(refusal, dialect)
         except (EndpointRequestError, ValueError) as problem:
-            return error(EndpointRefused(400, "invalid_request", str(problem)))
+            return error(EndpointRefused(400, "invalid_request", str(problem)), dialect)
 
     async def chat(request: Request) -> Any:
         return await call(request, "chat")
 
     async def completions(request: Request) -> Any:
         return await call(request, "completion")
+
+    async def messages(request: Request) -> Any:
+        return await call(request, "messages")
+
+    async def count_tokens(request: Request) -> Any:
+        return await call(request, "count_tokens")
+
+    async def responses(request: Request) -> Any:
+        return await call(request, "responses")
+
+    async def stored_response(request: Request) -> Any:
+        if not endpoint.authorized(request.headers):
+            return unauthorized()
+        found = responses_api.retrieve(endpoint, request.path_params["response_id"])
+        if found is None:
+            return error(EndpointRefused(404, "not_found", "no stored response with this id"))
+        return JSONResponse(found)
 
     async def models(request: Request) -> Any:
         if not endpoint.authorized(request.headers):
@@ -451,13 +538,23 @@ def create_app(endpoint: AgentEndpoint) -> Any:
             return unauthorized()
         return JSONResponse({"stop": await endpoint.wait_stop()})
 
+    async def root(request: Request) -> Any:
+        """A client's reachability probe of the base URL (HEAD/GET /): says nothing of the job."""
+        return JSONResponse({"ok": True})
+
     async def not_found(request: Request) -> Any:
+        dialect = "anthropic" if request.url.path.startswith("/v1/messages") else "openai"
         if not endpoint.authorized(request.headers):
-            return unauthorized()
-        return error(EndpointRefused(404, "not_found", f"no route {request.url.path}"))
+            return unauthorized(dialect)
+        return error(EndpointRefused(404, "not_found", f"no route {request.method} {request.url.path}"), dialect)
 
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/messages", messages, methods=["POST"]),
+              Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+              Route("/v1/responses", responses, methods=["POST"]),
+              Route("/v1/responses/{response_id}", stored_response, methods=["GET"]),
+              Route("/", root, methods=["GET", "HEAD"]),
               Route("/v1/models", models, methods=["GET"]),
               Route("/_prorl/control", control, methods=["GET"]),
               Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]

@@ -135,6 +135,15 @@ class Message:
                    tool_call_id=value.get("tool_call_id"), name=value.get("name"),
                    reasoning=reasoning if isinstance(reasoning, str) else None, raw_tool_calls=tuple(raw))
 
+    @classmethod
+    def assistant(cls, content: str, calls: Sequence[tuple[str, Any]] = (), reasoning: str | None = None) -> Message:
+        """An assistant turn from another API's shape: its text, (name, arguments) calls, reasoning."""
+        arguments = [(name, _arguments(args)) for name, args in calls]
+        return cls(role="assistant", content=content,
+                   tool_calls=tuple((name, json.dumps(args, sort_keys=True)) for name, args in arguments),
+                   reasoning=reasoning or None,
+                   raw_tool_calls=tuple({"name": name, "arguments": args} for name, args in arguments))
+
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates take it (tool-call arguments as objects)."""
         message: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -158,14 +167,23 @@ class Reply:
     reasoning: str | None
     tool_calls: tuple[dict[str, Any], ...]  # {"id", "name", "arguments" (object)}
     finish_reason: str
+    stop_sequence: str | None = None  # the agent's stop sequence the text was cut at
 
     @classmethod
-    def parse(cls, raw: str, *, tools_given: bool, finish: str) -> Reply:
+    def parse(cls, raw: str, *, tools_given: bool, finish: str, stop: Sequence[str] = ()) -> Reply:
+        """The turn as an agent sees it; with ``stop``, its text (after any ``<think>`` block)
+        ends before the first stop sequence, as a server that stopped there would have sent it
+        (the session keeps every id the model generated)."""
         reasoning, rest = None, raw
         if _THINK_END in raw:
             head, rest = raw.split(_THINK_END, 1)
             reasoning = head.replace("<think>", "", 1).strip("\n")
             rest = rest.lstrip("\n")
+        stop_sequence = None
+        found = [(rest.find(s), s) for s in stop if s and s in rest]
+        if found:
+            at, stop_sequence = min(found)
+            rest = rest[:at]
         calls: list[dict[str, Any]] = []
         content = rest
         if tools_given and "<tool_call>" in rest:
@@ -185,9 +203,9 @@ class Reply:
             if parsed:  # like vLLM's hermes parser: a malformed block leaves the text as content
                 calls = parsed
                 content = _CALL_BLOCK.sub("", rest).strip()
-        reason = "length" if finish == "length" else ("tool_calls" if calls else "stop")
+        reason = "length" if finish == "length" and stop_sequence is None else ("tool_calls" if calls else "stop")
         return cls(raw=raw, content=content if content or not calls else None, reasoning=reasoning,
-                   tool_calls=tuple(calls), finish_reason=reason)
+                   tool_calls=tuple(calls), finish_reason=reason, stop_sequence=stop_sequence)
 
     def accepts(self, message: Message) -> bool:
         """Is ``message`` this turn as an agent sends it back?"""

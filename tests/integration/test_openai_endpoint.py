@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
-from pathlib import Path
 
-import aiohttp
-import httpx
 import pytest
 
-from prorl_celery.llm.backends import VLLMBackend
-from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
-from prorl_celery.llm.session import TokenSession
-from prorl_celery.llm.tokenizer import load_tokenizer
+from tests.support.endpoint import KEY, Harness, log_of, whole
 from tests.support.services import eventually
 
-KEY = "job-key-0123456789"
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
@@ -36,51 +28,6 @@ RULES = [
     {"match": "E2E-SLOW", "replies": ["late"], "delay_s": 30},
     {"match": "E2E-TEXT", "scope": "prompt", "replies": [" first part.", " second part."]},
 ]
-
-
-def log_of(server) -> list[dict]:
-    return httpx.get(server.url + "/_log").json()
-
-
-def whole(segment: dict) -> list[int]:
-    return segment["prompt_ids"] + segment["response_ids"]
-
-
-class Harness:
-    """One job's endpoint on a UDS, an async client for it, and its session."""
-
-    def __init__(self, server, tokenizer: str, **endpoint_options) -> None:
-        self.server, self.tokenizer = server, tokenizer
-        self.options = endpoint_options
-        self.dir = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
-        self.socket = self.dir / "llm.sock"
-
-    async def __aenter__(self) -> Harness:
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-        self.session = TokenSession(tokenizer=load_tokenizer(self.tokenizer),
-                                    backend=VLLMBackend(self.server.url + "/v1", self.http),
-                                    sampling_params={"max_tokens": 256}, max_model_len=32768, default_max_tokens=256)
-        self.endpoint = AgentEndpoint(self.session, key=KEY, **self.options)
-        self.served = EndpointServer(self.endpoint, self.socket)
-        await self.served.__aenter__()
-        self.client = self.client_with(KEY)
-        return self
-
-    def client_with(self, key: str | None) -> httpx.AsyncClient:
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),
-                                 base_url="http://endpoint", headers=headers, timeout=60)
-
-    async def __aexit__(self, *exc) -> None:
-        await self.client.aclose()
-        await self.served.close()
-        await self.http.close()
-
-    async def chat(self, messages, tools=None, **extra) -> dict:
-        body = {"model": "policy", "messages": messages, **({"tools": tools} if tools else {}), **extra}
-        response = await self.client.post("/v1/chat/completions", json=body)
-        assert response.status_code == 200, response.text
-        return response.json()
 
 
 @pytest.fixture
