@@ -93,9 +93,10 @@ class JobSandboxes:
         if self.pool is not None:
             taken = self.pool.take(request)
             if taken is not None:
-                if self.ledger.assign(taken["node"], taken["id"], job_id):
-                    return taken
-                log.warning("pooled sandbox %s left the ledger before job %s took it", taken["id"], job_id)
+                sandbox = taken.sandbox
+                if self.ledger.assign(sandbox["node"], sandbox["id"], job_id, expected=taken.entry):
+                    return sandbox
+                log.warning("pooled sandbox %s left the ledger before job %s took it", sandbox["id"], job_id)
         return await self.start_new(job_id, request)
 
     async def start_new(self, job_id: str, request: SandboxRequest) -> dict[str, str]:

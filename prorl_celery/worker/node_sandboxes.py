@@ -77,15 +77,16 @@ class RedisSandboxLedger:
         failed stop marked meanwhile is kept."""
         return self._update(node, sandbox_id, {"owner": owner, "worker": worker})
 
-    def assign(self, node: str, sandbox_id: str, job_id: str) -> bool:
+    def assign(self, node: str, sandbox_id: str, job_id: str, expected: str | None = None) -> bool:
         """A warm pool's sandbox now serves ``job_id`` (the same compare-and-set as
-        :meth:`transfer`): from here on the reaper asks that job's record whether it is held."""
-        return self._update(node, sandbox_id, {"job_id": job_id})
+        :meth:`transfer`): from here on the reaper asks that job's record whether it is held.
+        ``expected``: the entry as the caller last saw it, tried first (one round trip, not two)."""
+        return self._update(node, sandbox_id, {"job_id": job_id}, expected)
 
-    def _update(self, node: str, sandbox_id: str, update: dict[str, object]) -> bool:
+    def _update(self, node: str, sandbox_id: str, update: dict[str, object], expected: str | None = None) -> bool:
         key = keys.node_sandboxes(node)
         while True:  # another try only after another writer changed this very entry
-            entry = self.redis.hget(key, sandbox_id)
+            entry, expected = expected or self.redis.hget(key, sandbox_id), None
             if not entry:
                 return False
             moved = SandboxRecord.model_validate_json(entry).model_copy(update=update)

@@ -352,15 +352,25 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         await _close_sandbox(services, sandbox)
 
 
+#: node queue -> until when (monotonic) a RUN worker seen consuming it counts as still there
+_run_worker_seen: dict[str, float] = {}
+
+
 async def _run_worker_appears(services: Services, queue: str) -> bool:
     """Is a RUN worker of this node alive? Waits up to two heartbeats for one to show up, so a
-    missed beat (or a Redis restart) does not fail a job."""
+    missed beat (or a Redis restart) does not fail a job. One seen is taken as there for a
+    heartbeat more without asking again (the workers' list and each one's entry: three round
+    trips a job); a worker that died meanwhile is the reaper's case as ever (stranded jobs)."""
     heartbeat_s = services.settings.heartbeat_s
-    deadline = time.monotonic() + 2 * heartbeat_s
+    now = time.monotonic()
+    if _run_worker_seen.get(queue, 0.0) > now:
+        return True
+    deadline = now + 2 * heartbeat_s
     while not has_live_worker(services.redis, services.settings.node, queue, heartbeat_s):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(0.5)
+    _run_worker_seen[queue] = time.monotonic() + heartbeat_s
     return True
 
 

@@ -59,8 +59,12 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass
-class _Pooled:
+class Pooled:
+    """A ready sandbox: what a job stores (``sandbox``), and its ledger entry as last written
+    (``entry``, for a one-round-trip compare-and-set when a job takes it)."""
+
     sandbox: dict[str, str]
+    entry: str | None
     root: ProcessRef | None
     rss_mb: float
 
@@ -102,7 +106,7 @@ class WarmPool:
         self._count = count or (lambda name, amount: None)
         self._paused = paused or (lambda: False)
         #: kind -> ready sandboxes, the most recently asked-for kind last
-        self._ready: OrderedDict[SandboxRequest, deque[_Pooled]] = OrderedDict(
+        self._ready: OrderedDict[SandboxRequest, deque[Pooled]] = OrderedDict(
             (request, deque()) for request in presets)
         self._counters = _Counters()
         self._cond = threading.Condition()
@@ -113,7 +117,7 @@ class WarmPool:
 
     # -- the INIT side --------------------------------------------------------------------------
 
-    def take(self, request: SandboxRequest) -> dict[str, str] | None:
+    def take(self, request: SandboxRequest) -> Pooled | None:
         """A ready sandbox for ``request`` (now the caller's), or None: a miss, which makes
         ``request`` a kind the pool keeps."""
         with self._cond:
@@ -136,7 +140,7 @@ class WarmPool:
                 self._counters.hits += 1
             self._cond.notify_all()  # a refill to do
         self._count("warm_pool_hits" if taken else "warm_pool_misses", 1)
-        return None if taken is None else taken.sandbox
+        return taken
 
     def _drop_old_kinds(self) -> None:
         while len(self._ready) > MAX_KINDS:
@@ -219,7 +223,7 @@ class WarmPool:
             ready = self._ready.get(kind)
             keep = ready is not None and not self._closed.is_set()
             if ready is not None and keep:
-                ready.append(_Pooled(sandbox, root, rss_mb))
+                ready.append(Pooled(sandbox, record.model_dump_json() if record else None, root, rss_mb))
                 self._counters.started += 1
                 self._counters.refill_s.append(elapsed)
                 self._rss_estimate_mb = max(self._rss_estimate_mb, rss_mb)
@@ -251,13 +255,13 @@ class WarmPool:
         for entry in pooled:
             self._stop_now(entry)
 
-    def _stop_now(self, pooled: _Pooled) -> None:
+    def _stop_now(self, pooled: Pooled) -> None:
         try:
             self.sandboxes.stop_blocking(pooled.sandbox)
         except Exception:  # noqa: BLE001 - its ledger entry stays: the reaper retries
             log.exception("warm pool: cannot stop sandbox %s", pooled.sandbox["id"])
 
-    def _stop_later(self, pooled: _Pooled) -> None:
+    def _stop_later(self, pooled: Pooled) -> None:
         threading.Thread(target=self._stop_now, args=(pooled,), name="prorl-warm-pool-stop", daemon=True).start()
 
     # -- what /status shows ---------------------------------------------------------------------
