@@ -11,17 +11,24 @@ method   path                       what
 =======  =========================  ======================================================
 POST     /v1/chat/completions       messages (+ tools) -> one model turn; ``stream: true``,
                                     ``logprobs``/``top_logprobs``, ``return_token_ids``
-POST     /v1/completions            prompt text (or ids) -> one model turn; ``stream`` too
+POST     /v1/completions            prompt text (or ids) -> one model turn; ``stream``, ``echo``
+POST     /v1/messages               Anthropic Messages (:mod:`.anthropic_messages`); ``stream``
+POST     /v1/messages/count_tokens  the template's token count of a Messages request
+POST     /v1/responses              OpenAI Responses (:mod:`.responses_api`); ``stream``,
+                                    ``previous_response_id``
+GET      /v1/responses/{id}         a stored response
 GET      /v1/models                 the served model name and context length
+GET      /                          a reachability probe, HEAD too (no key needed, says nothing)
 GET      /_prorl/control            long poll: answers when the job wants the program to end
 =======  =========================  ======================================================
 
-Every request needs the job's key (``Authorization: Bearer <key>``, or ``api-key``); any other
-is a 401. History is matched against what was served (:mod:`.segments`): matched turns keep
-their exact ids, new messages are the template's suffix, and anything else starts a new segment
-with a drift event. Limits: ``max_calls`` counts calls; the job's time budget and context
-length bound them; when the endpoint closes (the job's RUN ended or it was cancelled) the call
-in flight is aborted at once (its backend request is cancelled) and every later call is refused.
+Every request needs the job's key (``Authorization: Bearer <key>``, ``x-api-key`` or
+``api-key``); any other is a 401 (in Anthropic's error JSON on ``/v1/messages``). History is
+matched against what was served (:mod:`.segments`): matched turns keep their exact ids, new
+messages are the template's suffix, and anything else starts a new segment with a drift event.
+Limits: ``max_calls`` counts calls; the job's time budget and context length bound them; when
+the endpoint closes (the job's RUN ended or it was cancelled) the call in flight is aborted at
+once (its backend request is cancelled) and every later call is refused.
 
 Refusals use status codes that OpenAI clients do not retry: 400 ``context_length_exceeded``;
 403 for ``max_iterations``, ``time_budget`` and ``job_ended``; 401 for a wrong key.
@@ -267,6 +274,9 @@ class AgentEndpoint:
             ids = list(prompt)
         else:
             raise EndpointRequestError("prompt must be one string or one list of token ids")
+        echo = bool(body.get("echo"))
+        if echo and body.get("logprobs") not in (None, False):
+            raise EndpointRequestError("echo with logprobs is not served: the prompt's logprobs are not computed")
         overrides = self._overrides(body)
         tok = self.session.tokenizer
         async with self._lock:
@@ -286,13 +296,7 @@ class AgentEndpoint:
                 why = "the agent switched from /v1/chat/completions to /v1/completions"
                 if kind == "completion":
                     why = "the prompt does not extend the text already served (history rewritten)"
-                    if ids is not None:
-                        if len(ids) > len(held) and ids[:len(held)] == held:
-                            suffix = ids[len(held):]
-                    else:
-                        served = tok.decode(held, False)
-                        if text is not None and len(text) > len(served) and text.startswith(served):
-                            suffix = tok.encode(text[len(served):])
+                    suffix = _continuation(tok, held, ids, text)
                 if suffix is not None:
                     session.add_ids(suffix, tok.decode(suffix, False))
                 else:
@@ -310,7 +314,11 @@ class AgentEndpoint:
                                   "segment": len(session.archived_segments), "prompt_tokens": context,
                                   "completion_tokens": len(generation.token_ids),
                                   "seconds": round(time.monotonic() - started, 4)})
-        return self._completion_response(body, generation, context, session.context_ids), generation
+        response = self._completion_response(body, generation, context, session.context_ids)
+        if echo:  # the prompt as the agent sent it, then the completion (OpenAI's echo)
+            choice = response["choices"][0]
+            choice["text"] = (text if text is not None else tok.decode(ids or [], False)) + choice["text"]
+        return response, generation
 
     # -- responses ------------------------------------------------------------------------------
 
@@ -380,6 +388,30 @@ def stop_strings(value: Any, name: str) -> list[str]:
 def _usage(prompt_tokens: int, generation: Any) -> dict[str, int]:
     completion = len(generation.token_ids)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def _continuation(tok: Any, held: list[int], ids: list[int] | None, text: str | None) -> list[int] | None:
+    """The new ids of a completions prompt that extends the ids already served, else None.
+
+    A text agent appends the completion's ``text``, which leaves out the end-of-turn token the
+    model ended on (special tokens are not in ``text``): a prompt that extends the served text
+    without that last special token is a continuation too, and the token stays in the ids, as
+    the model generated it and the backend saw it."""
+    bare = held[:-1] if held and tok.decode(held[-1:], True) == "" else None  # ends on a hidden token
+    if ids is not None:
+        for kept in (held, bare):
+            if kept is not None and len(ids) > len(kept) and ids[:len(kept)] == kept:
+                return ids[len(kept):]
+        return None
+    if text is None:
+        return None
+    for kept in (held, bare):
+        if kept is None:
+            continue
+        served = tok.decode(kept, False)
+        if len(text) > len(served) and text.startswith(served):
+            return tok.encode(text[len(served):])
+    return None
 
 
 def _encode_prompt(tok: Any, text: str) -> list[int]:

@@ -94,8 +94,7 @@ class TokenSession:
                 "policy_version": version_after}
         if version_before != version_after:  # weights changed while this turn was generated
             turn.update(spans_update=True, policy_version_start=version_before)
-        if self.archived_segments:
-            turn["segment"] = len(self.archived_segments)
+        turn["segment"] = len(self.archived_segments)  # every turn says its segment, the first's 0
         self.turns.append(turn)
         self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
         self._open_turn = not completion.token_ids or completion.token_ids[-1] != self.tokenizer.eot_id

@@ -182,6 +182,14 @@ def test_anthropic_history_rewrite_drifts_and_errors_are_anthropic_shaped(backen
                     **request)
             assert "image" in bad.value.message
             await client.messages.create(system="You run commands carefully.", messages=messages, **request)
+            async with h.client_with(None) as raw:  # Claude Code's own calls: beta paths, x-api-key, a probe
+                counted = await raw.post("/v1/messages/count_tokens?beta=true", json={"messages": messages},
+                                         headers={"x-api-key": KEY, "anthropic-version": "2023-06-01",
+                                                  "anthropic-beta": "claude-code-20250219"})
+                assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+                assert (await raw.head("/")).status_code == 200
+                missing = await raw.post("/v1/messages/batches", headers={"x-api-key": KEY}, json={})
+                assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
             with pytest.raises(anthropic.PermissionDeniedError) as limit:
                 await client.messages.create(system="x", messages=messages, **request)
             assert "max_iterations" in limit.value.message

@@ -237,3 +237,26 @@ def test_completions_extend_text_exactly_and_rewrites_drift(backend, tok):
         log[0]["prompt_ids"] + log[0]["output_ids"]
     assert whole(second) == log[2]["prompt_ids"] + log[2]["output_ids"]
     assert "rewritten" in trajectory["drift_events"][0]["reason"]
+
+
+def test_a_text_agent_appending_the_completion_without_the_end_of_turn_token_continues(backend, tok):
+    async def main():
+        async with Harness(backend, tok) as h:
+            prompt = "E2E-TEXT The story:"
+            first = (await h.client.post("/v1/completions", json={"prompt": prompt, "echo": True})).json()
+            text = first["choices"][0]["text"]  # echo: the prompt, then the completion
+            assert text.startswith(prompt) and len(text) > len(prompt)
+            assert "<|im_end|>" not in text  # the text leaves out the end-of-turn token the model ended on
+            refused = await h.client.post("/v1/completions", json={"prompt": "x", "echo": True, "logprobs": 1})
+            assert refused.status_code == 400 and "echo" in refused.json()["error"]["message"]
+            await h.client.post("/v1/completions", json={"prompt": text + " And then"})
+            return h.session.segmented_trajectory(), h.endpoint.summary()
+
+    trajectory, summary = asyncio.run(main())
+    log = log_of(backend)
+    assert trajectory["drift_events"] == [] and summary["segments"] == 1 and len(log) == 2
+    # the end-of-turn token stays where the model generated it; only the appended text is new
+    assert log[1]["prompt_ids"][:len(log[0]["prompt_ids"]) + len(log[0]["output_ids"])] == \
+        log[0]["prompt_ids"] + log[0]["output_ids"]
+    assert whole(trajectory) == log[1]["prompt_ids"] + log[1]["output_ids"]
+    assert [turn["segment"] for turn in trajectory["turns"]] == [0, 0]  # the first segment's turns say it too
