@@ -6,6 +6,7 @@ other worker reaps every pooled sandbox (chaos).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import redis
 
 from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster
+from prorl_celery.state import keys
 from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from prorl_celery.worker.warm_pool import POOL_PREFIX
 from singularity.runtime import SandboxRecord, procfs
@@ -103,6 +105,22 @@ def test_a_job_takes_a_ready_sandbox_and_the_pool_refills(pooled):
 def counter(gateway, name: str) -> float:
     found = re.search(rf"^prorl_{name}_total ([0-9.e+]+)$", gateway.get("/metrics").text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def test_a_cancelled_job_stops_the_sandbox_it_took(pooled):
+    before = {r.sandbox_id for r in full(pooled)}
+    job_id = pooled.submit({"data_source": "fault", "sandbox": True, "run_sleep_s": 60})
+    pooled.wait_for_stage(job_id, "run")
+    state = redis.Redis.from_url(pooled.cluster.state_url, decode_responses=True)
+    taken = json.loads(state.hget(keys.job(job_id), "sandbox"))
+    assert taken["id"] in before
+    [record] = [r for r in RedisSandboxLedger(state).list(pooled.node) if r.sandbox_id == taken["id"]]
+    assert record.job_id == job_id and running(record)
+    assert pooled.post("/cancel", json={"job_id": job_id}).json()["cancelled"] == [job_id]
+    assert pooled.result(job_id)["status"] == "cancelled"
+    eventually(lambda: not running(record) and not any(r.sandbox_id == taken["id"]
+                                                      for r in RedisSandboxLedger(state).list(pooled.node)),
+               10, "the cancelled job's sandbox stopped")
 
 
 def test_stop_closes_the_pool_and_start_refills_it(pooled):
