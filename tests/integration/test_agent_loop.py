@@ -15,7 +15,7 @@ from handlers.base import JobContext
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON, SEARCH
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.launch import LocalToolServer
-from tests.unit.test_math_handler import ScriptedLLM
+from tests.support.scripted_llm import ScriptedLLM
 
 CORPUS = [{"id": "d1", "title": "Water", "text": "Water boils at 100 degrees Celsius at sea level."},
           {"id": "d2", "title": "Iron", "text": "Iron has the chemical symbol Fe and atomic number 26."}]

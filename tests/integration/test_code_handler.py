@@ -32,7 +32,7 @@ from singularity.runtime import (
     Limits,
     SandboxSpec,
 )
-from tests.unit.test_math_handler import ScriptedLLM
+from tests.support.scripted_llm import ScriptedLLM
 
 DATA = Path(__file__).parents[1] / "data" / "code_solutions.json"
 SOLUTIONS: dict[str, dict[str, str]] = json.loads(DATA.read_text())

@@ -24,7 +24,7 @@ from prorl_celery.trainer.dapo import (
     StepStats,
     not_all_equal,
 )
-from tests.integration.test_client import FAST, LOSE_REPLY, FakeGateway
+from tests.support.fake_gateway import FAST, LOSE_REPLY, FakeGateway
 from tests.support.services import rules_file, start_llm_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,27 +10,27 @@ from types import SimpleNamespace
 import pytest
 
 from prorl_celery.llm.tokenizer import ChatTokenizer, HFTokenizer, PieceEncoder
-from tests.integration.test_tokenizer_light import _render, _text, conversations
+from tests.support.conversations import conversations, random_text, render_or_error
 
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
-def test_piecewise_ids_are_transformers_ids_of_the_whole_text(name: str, qwen3_tokenizer: str,
+def test_piecewise_ids_are_transformers_ids_of_the_wholerandom_text(name: str, qwen3_tokenizer: str,
                                                               llama3_tokenizer: str) -> None:
     path = qwen3_tokenizer if name == "qwen3" else llama3_tokenizer
     ours = ChatTokenizer(HFTokenizer(path), name=name)
     theirs = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     assert ours._pieces is not None
     rng = random.Random(11)
-    texts = [_text(rng) for _ in range(200)]
+    texts = [random_text(rng) for _ in range(200)]
     # special-token text right beside, inside and between pieces, whitespace on either side
     specials = sorted(str(t) for t in theirs.added_tokens_encoder)
     gaps = ["", " ", "\n", "  x"]
-    texts += [_text(rng) + rng.choice(specials) + rng.choice(gaps) + _text(rng) + rng.choice(specials)
+    texts += [random_text(rng) + rng.choice(specials) + rng.choice(gaps) + random_text(rng) + rng.choice(specials)
               for _ in range(200)]
     for messages, tools in conversations(60, seed=23, single_tool_call=name == "llama3"):
-        text = _render(theirs.apply_chat_template, messages, tools, True)
+        text = render_or_error(theirs.apply_chat_template, messages, tools, True)
         if not text.startswith("<error"):
             texts.append(text)
     expected = [theirs.encode(text, add_special_tokens=False) for text in texts]

@@ -11,7 +11,7 @@ import pytest
 from prorl_celery.core.errors import BadRequest
 from prorl_celery.trainer.client import RewardInvalid
 from prorl_celery.trainer.integrations.trl import ProrlRollout, service_reward
-from tests.integration.test_client import FakeGateway
+from tests.support.fake_gateway import FakeGateway
 
 SERVER = "http://vllm:8000/v1"
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from prorl_celery.trainer.client import RewardInvalid
-from tests.integration.test_client import FakeGateway
+from tests.support.fake_gateway import FakeGateway
 
 
 class Output(SimpleNamespace):
