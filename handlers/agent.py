@@ -157,6 +157,8 @@ class AgentLoop:
                 continue
             finished = False
             for call in calls:
+                llm.note_action(call.name if isinstance(call, ToolCall) else None,
+                                call.arguments if isinstance(call, ToolCall) else call.message)
                 observation = await self._execute(job, tools, call, outcome)
                 llm.add_message("tool", observation)
                 if isinstance(call, ToolCall) and call.name == FINISH_TOOL.name and self.finish_tool:

@@ -55,6 +55,10 @@ class ChatLLM(Protocol):
     def add_message(self, role: str, content: str, **fields: Any) -> None:
         """Append an observation (a user or tool message); only its new tokens are added."""
 
+    def note_action(self, name: str | None, arguments: Any) -> None:
+        """Record a tool action taken after the last model turn (before its observation is
+        added): the job's journal keeps it, and a resume or replay checks it is the same."""
+
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The readable conversation so far."""
@@ -185,6 +189,17 @@ class AgentHandler(Generic[LLMT]):
     #: the task in its log and in ``/status`` at start, and refuses each job that needs it
     #: (``requirements``) as an ``env_error``: never a score.
     requires: ClassVar[tuple[Requirement, ...]] = ()
+    #: True when this family's tools answer the same actions with the same observations on a
+    #: fresh sandbox (given the same instance), so a RUN retried after a crash may rebuild the
+    #: sandbox by replaying the journaled actions and go on from the last journaled turn. Each
+    #: replayed observation is still checked: one that differs restarts the rollout from turn
+    #: zero. False: a retried RUN always starts from turn zero (and its result says why).
+    replayable_tools: ClassVar[bool] = False
+
+    def replayable(self, job: JobContext) -> bool:
+        """May ``job``'s RUN be resumed by replaying its journal? ``replayable_tools`` by
+        default (narrow it when an instance uses a tool that is not deterministic)."""
+        return self.replayable_tools
 
     def requirements(self, job: JobContext) -> tuple[Requirement, ...]:
         """What ``job`` needs; by default everything ``requires`` names (narrow it when an

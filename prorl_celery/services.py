@@ -22,6 +22,7 @@ from prorl_celery.llm.pool import BackendPool
 from prorl_celery.state.cancellation import CancelWatcher
 from prorl_celery.state.connection import get_redis, reset_clients
 from prorl_celery.state.group_commit import GroupCommit
+from prorl_celery.state.journal import JournalStore
 from prorl_celery.state.leases import LeaseKeeper
 from prorl_celery.state.metrics import MetricsBuffer
 from prorl_celery.state.store import JobRecord, JobStore
@@ -63,6 +64,11 @@ class Services:
     @cached_property
     def store(self) -> JobStore:
         return JobStore(self.redis, result_ttl_s=self.settings.result_ttl_s, lease_s=self.settings.lease_s)
+
+    @cached_property
+    def journal(self) -> JournalStore:
+        return JournalStore(self.redis, max_events=self.settings.journal_max_events,
+                            max_bytes=self.settings.journal_max_bytes)
 
     @cached_property
     def intake(self) -> GroupCommit[JobSpec, Submitted]:

@@ -45,6 +45,9 @@ class AgentProgramHandler(AgentHandler[ChatLLM]):
     """Task ``agent``: bring your own agent (see ``instances`` for the instance format)."""
 
     name: ClassVar[str] = "agent"
+    #: the program is run again against the journaled answers; where it asks anything else (it is
+    #: not deterministic), the rollout restarts from turn zero and its result says so
+    replayable_tools: ClassVar[bool] = True
     aliases: ClassVar[tuple[str, ...]] = ("agent_program", "byo_agent")
     node_local: ClassVar[bool] = True
     #: the program runs through the tool server's shell; a swe instance needs git, and its

@@ -51,6 +51,8 @@ class CodeHandler(AgentHandler[ChatLLM]):
     when every hidden test passes (the fraction passed and per-test verdicts in the details)."""
 
     name: ClassVar[str] = "code"
+    #: its tools answer the same actions alike on a fresh sandbox: a crashed RUN resumes by replay
+    replayable_tools: ClassVar[bool] = True
     aliases: ClassVar[tuple[str, ...]] = (
         "deepcoder", "eurus", "codeforces", "taco", "primeintellect", "livecodebench", "code_contests",
         "apps", "kodcode", "leetcode")

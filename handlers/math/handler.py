@@ -30,6 +30,8 @@ class MathHandler(AgentHandler[ChatLLM]):
     """
 
     name: ClassVar[str] = "math"
+    #: its tools answer the same actions alike on a fresh sandbox: a crashed RUN resumes by replay
+    replayable_tools: ClassVar[bool] = True
     aliases: ClassVar[tuple[str, ...]] = ("deepscaler", "dapo_math", "math_dapo", "gsm8k", "math500", "aime")
     node_local: ClassVar[bool] = False
     #: every stage is short and CPU-light (a job with the python tool still starts its INIT alone)

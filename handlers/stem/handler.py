@@ -35,6 +35,8 @@ class StemHandler(AgentHandler[ChatLLM]):
     """
 
     name: ClassVar[str] = "stem"
+    #: its tools answer the same actions alike on a fresh sandbox: a crashed RUN resumes by replay
+    replayable_tools: ClassVar[bool] = True
     aliases: ClassVar[tuple[str, ...]] = ("stem_search", "webinstruct", "webinstruct_verified", "scienceqa", "gpqa")
     node_local: ClassVar[bool] = False  # RUN follows the sandbox to its node anyway
     tool_timeout_s: ClassVar[float] = 30.0

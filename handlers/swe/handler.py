@@ -58,6 +58,8 @@ class SweHandler(AgentHandler[ChatLLM]):
     """Task ``swe``: SWE-bench-format instances and verl rows carrying them."""
 
     name: ClassVar[str] = "swe"
+    #: its tools answer the same actions alike on a fresh sandbox: a crashed RUN resumes by replay
+    replayable_tools: ClassVar[bool] = True
     aliases: ClassVar[tuple[str, ...]] = ("swe_bench", "swebench", "swe-bench", "swe_gym", "swegym", "r2e", "r2e_gym")
     #: one tool call (a test run, say) may take this long in the sandbox
     tool_timeout_s: ClassVar[float] = 120.0

@@ -19,7 +19,10 @@
     ├── StageInterrupted                a stage stops early; never answered over HTTP: the stage
     │   │                                 ends the job, whose status tells the client
     │   ├── JobCancelled                the job was cancelled (status cancelled)
-    │   └── StageTimeout(TimeoutError)  the job's time budget ran out (status timeout)
+    │   ├── StageTimeout(TimeoutError)  the job's time budget ran out (status timeout)
+    │   └── ReplayDiverged              a turn replayed from the journal (a resume, a fork) met an
+    │                                     observation that differs from the journaled one: RUN
+    │                                     starts again from turn zero on a fresh sandbox
     ├── BackendError                    an LLM server failed or answered badly (.status_code: its
     │   │                                 HTTP status); a RUN failure, never a gateway answer
     │   └── ContextExhausted            the conversation fills the model's context (the policy's
@@ -28,7 +31,9 @@
     │   (prorl_celery.core.outcomes.classify):
     │   ├── AgentFailure                the policy's own failure: the reward stays valid
     │   ├── EnvironmentFailure          the sandbox, the image or the worker failed
-    │   │   └── RequirementMissing      a module or program the task needs is not installed
+    │   │   ├── RequirementMissing      a module or program the task needs is not installed
+    │   │   └── JournalFenced           a later attempt owns the job's journal: this stage's
+    │   │                                 worker was presumed lost
     │   └── EvalUnavailable             the evaluator cannot judge (never a reward of 0)
     └── trainer side (the client and the DAPO collector raise these in the trainer's process)
         ├── PromptsExhausted            the prompt stream ended and nothing is left in flight
@@ -154,6 +159,19 @@ class StageTimeout(StageInterrupted, TimeoutError):
     code = "timeout"
 
 
+class ReplayDiverged(StageInterrupted):
+    """A turn replayed from the job's journal met an observation (or a prompt, or an action)
+    that differs from the journaled one: the tool is not deterministic, or the handler changed.
+    ``turn`` is the model turn it happened after (0: the prompt); ``detail`` says what differed."""
+
+    code = "replay_diverged"
+
+    def __init__(self, message: str, *, turn: int, detail: dict | None = None) -> None:
+        super().__init__(message)
+        self.turn = turn
+        self.detail = detail or {}
+
+
 # -- LLM backends ----------------------------------------------------------------------------
 
 class BackendError(ProrlError):
@@ -194,6 +212,14 @@ class RequirementMissing(EnvironmentFailure):
     def __init__(self, message: str, *, missing: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.missing = list(missing)
+
+
+class JournalFenced(EnvironmentFailure):
+    """A later attempt of the job owns its journal: this stage's worker was presumed lost and
+    the job retried, so nothing it does may reach the journal (nor, by the attempt guard, the
+    job)."""
+
+    code = "journal_fenced"
 
 
 class EvalUnavailable(ProrlError):

@@ -69,6 +69,16 @@ class Settings(BaseSettings):
         32, ge=1, description="most jobs one INIT/RUN/EVAL message carries, for jobs whose handler lists "
         "that stage in batched_stages (1: one message per job)")
 
+    journal: bool = Field(True, description="journal every RUN turn in Redis (model ids and logprobs, tool actions, "
+                          "observations), so a retried RUN resumes at the last journaled turn and a finished "
+                          "job can be replayed or forked")
+    journal_max_events: int = Field(
+        20_000, ge=1, description="most events one job's journal holds (a turn is 2 or more); past it the "
+        "rest of the rollout is not journaled")
+    journal_max_bytes: int = Field(
+        64 * 2**20, ge=1024, description="most bytes one job's journal holds; past it the rest of the rollout "
+        "is not journaled")
+
     task_events: bool = Field(False, description="workers send Celery task events (Flower) from start")
 
     runtime: str = Field("auto", description="sandbox runtime: auto | bubblewrap | apptainer | process")

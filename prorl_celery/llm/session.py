@@ -13,6 +13,7 @@ from typing import Any
 from handlers.base import Generation
 from prorl_celery.core.errors import BackendError, ContextExhausted
 from prorl_celery.llm.backends import Completion, LLMBackend
+from prorl_celery.llm.journal import TurnJournal
 from prorl_celery.llm.sampling import for_protocol
 from prorl_celery.llm.tokenizer import ChatTokenizer
 
@@ -25,14 +26,17 @@ class TokenSession:
     def __init__(self, *, tokenizer: ChatTokenizer, backend: LLMBackend, sampling_params: dict[str, Any],
                  max_model_len: int, default_max_tokens: int, max_output_tokens: int | None = None,
                  max_input_tokens: int | None = None,
-                 policy_version: Callable[[], Awaitable[int | None]] | None = None) -> None:
+                 policy_version: Callable[[], Awaitable[int | None]] | None = None,
+                 journal: TurnJournal | None = None) -> None:
         """``sampling_params`` are sampler keys (``prorl_celery.llm.sampling.split``); those the
         backend's protocol does not take are dropped and listed in ``unsupported_params``.
         ``max_output_tokens`` caps every turn (with ``max_tokens``, the smaller wins);
         ``max_input_tokens`` caps the context a turn may start from. ``policy_version`` reads
         the version the backend serves now (a coroutine: the RUN loop must not block on Redis,
         ``BackendPool.current_version``); it is read as each turn's request is sent and once its
-        reply is in, so a turn generated across a weight update says so."""
+        reply is in, so a turn generated across a weight update says so. ``journal`` records
+        every step (``prorl_celery.llm.journal``) and, when it replays, supplies the journaled
+        model turns instead of the backend."""
         self.tokenizer = tokenizer
         self.backend = backend
         self.sampling, self.unsupported_params = for_protocol(sampling_params, getattr(backend, "protocol", "vllm"))
@@ -55,6 +59,7 @@ class TokenSession:
         self.archived_segments: list[dict[str, Any]] = []
         #: why each segment after the first was started (which turn, why)
         self.drift_events: list[dict[str, Any]] = []
+        self.journal = journal
 
     async def fit_backend_context(self) -> None:
         """Shrink the context length to the backend's own when it reports a smaller one, so a
@@ -75,6 +80,8 @@ class TokenSession:
         for end in self.tokenizer.message_ends(self._messages, self.prompt_ids, tools):
             self._spans.append((start, end))
             start = end
+        if self.journal is not None:
+            self.journal.on_start(self.prompt_ids)
 
     async def generate(self, **sampling_overrides: Any) -> Generation:
         if not self._messages:
@@ -84,23 +91,36 @@ class TokenSession:
         if params["max_tokens"] <= 0:
             raise ContextExhausted(self._exhausted())
         context = self.prompt_ids + self.response_ids
-        version_before = await self._policy_version()
-        completion = await self.backend.complete(context, params)
-        version_after = await self._policy_version()
-        self._check_lengths(completion)
+        replayed = None
+        if self.journal is not None:
+            await self.journal.flush()  # the last turn's actions and observations, before this one
+            replayed = self.journal.next_generation()
+        if replayed is not None:  # journaled: never generated twice
+            completion = Completion(list(replayed["ids"]), list(replayed["lp"]), replayed["fin"])
+            turn = dict(replayed["rec"])
+        else:
+            version_before = await self._policy_version()
+            completion = await self.backend.complete(context, params)
+            version_after = await self._policy_version()
+            self._check_lengths(completion)
+            turn = {"context_len": len(context), "output_start": len(self.response_ids),
+                    "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason,
+                    "policy_version": version_after}
+            if version_before != version_after:  # weights changed while this turn was generated
+                turn.update(spans_update=True, policy_version_start=version_before)
+            turn["segment"] = len(self.archived_segments)  # every turn says its segment, the first's 0
         start = self._total
-        turn = {"context_len": len(context), "output_start": len(self.response_ids),
-                "output_len": len(completion.token_ids), "finish_reason": completion.finish_reason,
-                "policy_version": version_after}
-        if version_before != version_after:  # weights changed while this turn was generated
-            turn.update(spans_update=True, policy_version_start=version_before)
-        turn["segment"] = len(self.archived_segments)  # every turn says its segment, the first's 0
         self.turns.append(turn)
         self._append(completion.token_ids, mask=1, logprobs=completion.logprobs)
         self._open_turn = not completion.token_ids or completion.token_ids[-1] != self.tokenizer.eot_id
         text = self.tokenizer.decode(completion.token_ids)
         self._messages.append({"role": "assistant", "content": text})
         self._spans.append((start, self._total))
+        if self.journal is not None and replayed is None:
+            # written before the handler acts on it: a crash during its tools costs no token again
+            self.journal.on_generation(turn, list(completion.token_ids), list(completion.logprobs),
+                                       completion.finish_reason)
+            await self.journal.flush()
         return Generation(text, list(completion.token_ids), list(completion.logprobs), completion.finish_reason)
 
     def add_message(self, role: str, content: str, **fields: Any) -> None:
@@ -114,6 +134,14 @@ class TokenSession:
         self._append(self.tokenizer.observation_ids(message, self.tools), mask=0)
         self._messages.append(message)
         self._spans.append((start, self._total))
+        if self.journal is not None:
+            self.journal.on_observation([message], self.response_ids[start - len(self.prompt_ids):])
+
+    def note_action(self, name: str | None, arguments: Any) -> None:
+        """A tool action the handler carries out after the last model turn, for the journal
+        (a replay checks that it is the same)."""
+        if self.journal is not None:
+            self.journal.on_action(name, arguments)
 
     def _check_lengths(self, completion: Completion) -> None:
         """The trajectory invariant, for every protocol: one logprob per generated id."""
@@ -163,10 +191,13 @@ class TokenSession:
         ids, ends = suffix_ids(self.tokenizer, messages, self.tools)
         base = self._total
         self._append(ids, mask=0)
+        first = start
         for message, end in zip(messages, ends):
             self._messages.append(message)
             self._spans.append((start, base + end))
             start = base + end
+        if self.journal is not None:
+            self.journal.on_observation(messages, self.response_ids[first - len(self.prompt_ids):])
 
     def start_ids(self, prompt_ids: list[int], text: str) -> None:
         """Begin a conversation from raw prompt ids (``/v1/completions``): one ``prompt`` message."""
@@ -175,6 +206,8 @@ class TokenSession:
         self.prompt_ids = list(prompt_ids)
         self._messages = [{"role": "prompt", "content": text}]
         self._spans.append((0, len(self.prompt_ids)))
+        if self.journal is not None:
+            self.journal.on_start(self.prompt_ids)
 
     def add_ids(self, ids: list[int], text: str) -> None:
         """Append raw observation ids (mask 0) after a model turn, as one ``prompt`` message."""
@@ -185,6 +218,8 @@ class TokenSession:
         self._open_turn = False
         self._messages.append({"role": "prompt", "content": text})
         self._spans.append((start, self._total))
+        if self.journal is not None:
+            self.journal.on_observation([{"role": "prompt", "content": text}], list(ids))
 
     @property
     def started(self) -> bool:
@@ -209,6 +244,8 @@ class TokenSession:
         ``drift`` says which turn and why, and is recorded as a drift event."""
         self.archived_segments.append(self.segment_record())
         self.drift_events.append({"segment": len(self.archived_segments), **drift})
+        if self.journal is not None:
+            self.journal.on_segment(drift)
         self.prompt_ids, self.response_ids, self.response_mask, self.response_logprobs = [], [], [], []
         self._messages, self._spans, self._open_turn, self.tools = [], [], False, None
 

@@ -8,6 +8,13 @@ prorl:job:<id>                     hash    job record: task, status, payload, st
                                            durations (init_s, run_s, eval_s), backend, result,
                                            lease_until of the executing stage, <stage>_node
                                            (where it ran), run_queue (run.<node> if node-local)
+prorl:job:<id>:journal             list    the job's per-turn journal (state/journal.py): one
+                                           JSON event a line (prompt, model turn, tool action,
+                                           observation, segment); expires with the job
+                                           (transition.lua), bounded by PRORL_JOURNAL_MAX_*
+prorl:job:<id>:journal:meta        hash    the journal's writer attempt (a stage of an older
+                                           attempt may not append), bytes, and why it stopped
+                                           (full); expires with the job
 prorl:jobs:ended                   stream  {job, status} for every job that ends (capped at
                                            JOBS_ENDED_MAXLEN); one listener per process tails it
                                            and wakes that process's waiters (waiting.py)
@@ -96,6 +103,16 @@ CANCEL_CHANNEL = PREFIX + "cancel"
 
 def job(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
+
+
+def journal(job_id: str) -> str:
+    """The job's per-turn journal (a list of JSON events; ``prorl_celery.state.journal``)."""
+    return f"{PREFIX}job:{job_id}:journal"
+
+
+def journal_meta(job_id: str) -> str:
+    """The journal's writer attempt, size and state."""
+    return f"{PREFIX}job:{job_id}:journal:meta"
 
 
 def waiting_run(queue: str) -> str:

@@ -27,7 +27,7 @@ from prorl_celery.state.waiting import CompletionWaiter
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
     {"instance", "sampling_params", "agent_params", "ignored_params", "init_result", "run_result", "eval",
-     "trajectory", "extra", "error", "sandbox", "attempts"}
+     "trajectory", "extra", "error", "sandbox", "attempts", "resume"}
 )
 FLOAT_FIELDS = frozenset(
     {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}
@@ -86,6 +86,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     eval: dict[str, Any] = {}
     reward: float | None = None
     extra: dict[str, Any] = {}  # the handler's final_result
+    #: what RUN did with the journal of an earlier attempt (prorl_celery.worker.resume)
+    resume: dict[str, Any] | None = None
     critical_error: str | None = None  # the stage that failed, or "timeout"
     error: str | None = None
     # how the current attempt ended (prorl_celery.core.outcomes): set by whatever ends it
@@ -118,7 +120,7 @@ def outcome(critical_error: str | None, error: str | None, ending: Ending | None
 #: attempt has failed yet) and the stages' results. A retry of EVAL alone keeps them all (RUN's
 #: own outcome, an agent_error, stays the job's; the failed EVAL wrote none)
 RETRY_RESET = {"critical_error": None, "error": None, "outcome": None, "outcome_stage": None, "detail": None,
-               "init_result": None, "run_result": None, "trajectory": None, "sandbox": None,
+               "init_result": None, "run_result": None, "trajectory": None, "sandbox": None, "resume": None,
                "backend": "", "run_queue": "", "init_node": "", "run_node": "", "eval_node": ""}
 
 
@@ -396,7 +398,7 @@ class JobStore:
     @staticmethod
     def _transition_keys(job_id: str) -> list[str]:
         return [keys.job(job_id), keys.STATUS_COUNTS, keys.JOBS_ENDED, keys.ACTIVE_JOBS, keys.LEASES,
-                keys.WAITING_RUN_QUEUES, keys.OUTCOME_COUNTS]
+                keys.WAITING_RUN_QUEUES, keys.OUTCOME_COUNTS, keys.journal(job_id), keys.journal_meta(job_id)]
 
     def _landed(self, job_id: str, token: str, with_record: bool) -> Transition | None:
         """The transition whose reply was lost, if it took place (else None: send it again)."""

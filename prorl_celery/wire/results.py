@@ -67,6 +67,7 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
                                         "stage": ending.stage, "detail": ending.detail, "node": record.node}],
         "nodes": {stage.value: record.stage_node(stage) for stage in Stage},
         "trajectory": record.trajectory,
+        "resume": record.resume,
         "eval": record.eval,
         "artifacts": extra.pop("artifacts", {}),
         "ignored_sampling_params": record.ignored_params,

@@ -38,6 +38,7 @@ from prorl_celery.core.event_loops import Batched, loop_local, run_coro, thread_
 from prorl_celery.core.outcomes import Ending, Outcome, classify, describe
 from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.llm.backends import make_backend
+from prorl_celery.llm.journal import TurnJournal
 from prorl_celery.llm.openai_endpoint import job_endpoint
 from prorl_celery.llm.pool import Assignment
 from prorl_celery.llm.session import TokenSession
@@ -47,6 +48,7 @@ from prorl_celery.state.nodes import has_live_worker, live_queues
 from prorl_celery.state.store import JobRecord, Move, Transition, outcome, retry_fields
 from prorl_celery.worker.job_sandboxes import tool_client
 from prorl_celery.worker.readiness import missing_for
+from prorl_celery.worker.resume import restarted, settle, take_journal
 from singularity.requirements import explain
 
 log = logging.getLogger(__name__)
@@ -395,7 +397,8 @@ async def wait_for_backend(services: Services, job: JobContext) -> Assignment:
     return assignment
 
 
-def open_session(services: Services, job: JobContext, assignment: Assignment) -> TokenSession:
+def open_session(services: Services, job: JobContext, assignment: Assignment,
+                 journal: TurnJournal | None = None) -> TokenSession:
     settings = services.settings
     agent = job.agent_params
     tokenizer_path = agent.get("tokenizer") or settings.tokenizer
@@ -408,7 +411,8 @@ def open_session(services: Services, job: JobContext, assignment: Assignment) ->
                         default_max_tokens=settings.default_max_tokens,
                         max_output_tokens=agent.get("max_output_tokens"),
                         max_input_tokens=agent.get("max_input_tokens"),
-                        policy_version=partial(services.pool.current_version, assignment.address))
+                        policy_version=partial(services.pool.current_version, assignment.address),
+                        journal=journal)
 
 
 async def _run(services: Services, handler: AgentHandler, job: JobContext, record: JobRecord,
@@ -418,18 +422,31 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     assignment: Assignment | None = None
     ended = outcome(None, None)
     failure: Ending | None = None
+    sandbox = record.sandbox  # a fresh one replaces it when a resume diverges
+    resume: dict[str, Any] | None = None
     try:
         if handler.uses_llm:
             # the assignment is written to the job's record as it is taken (one round trip)
             assignment = await bounded(job, cancelled, wait_for_backend(services, job))
-            session = open_session(services, job, assignment)
+            journal, resume = await bounded(job, cancelled, take_journal(services, handler, job))
+            session = open_session(services, job, assignment, journal)
             await bounded(job, cancelled, session.fit_backend_context())
-        if record.sandbox:
-            services.sandboxes.adopt(record.sandbox)
-        socket_dir = str(Path(record.sandbox["socket_path"]).parent) if record.sandbox else None
-        async with tool_client(record.sandbox) as job.sandbox, \
-                job_endpoint(session, handler.endpoint_request(job), socket_dir, job.time_left) as job.endpoint:
-            job.run_result = await bounded(job, cancelled, handler.run(job, session))
+        if sandbox:
+            services.sandboxes.adopt(sandbox)
+        await _run_handler(services, handler, job, session, sandbox, cancelled)
+        if session is not None and session.journal is not None and session.journal.diverged is not None:
+            # a replayed observation differs: from turn zero, on a fresh sandbox (INIT's steps)
+            assert assignment is not None
+            log.warning("job %s: resume diverged after turn %d; restarting from turn zero", job.job_id,
+                        session.journal.diverged.turn)
+            resume = restarted(session.journal)
+            sandbox = await _fresh_start(services, handler, job, sandbox, cancelled)
+            journal, _ = await bounded(job, cancelled, take_journal(services, handler, job, fresh=True))
+            session = open_session(services, job, assignment, journal)
+            await bounded(job, cancelled, session.fit_backend_context())
+            await _run_handler(services, handler, job, session, sandbox, cancelled)
+        elif session is not None and session.journal is not None:
+            resume = await settle(services, session.journal) or resume
     except JobCancelled:
         return
     except StageTimeout as error:
@@ -438,7 +455,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             "and see /status for the health of those registered")
         store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
             "timeout", reason, Ending(Outcome.TIMEOUT, Stage.RUN.value, reason), extra=_handler_extras(handler, job),
-            trajectory=session.trajectory() if session else None))
+            trajectory=session.trajectory() if session else None, resume=resume))
         return
     except Exception as error:  # noqa: BLE001 - classed: retried, or judged by EVAL
         log.warning("RUN of job %s failed: %s", job.job_id, describe(error))
@@ -450,17 +467,55 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     finally:
         if assignment is not None:
             await services.pool.release_on_loop(assignment.address)
-        await _close_sandbox(services, record.sandbox)  # closed right after RUN, before EVAL
+        await _close_sandbox(services, sandbox)  # closed right after RUN, before EVAL
     if failure is not None and failure.outcome.retryable and job.attempt < record.max_attempts:
         await _retry_or_end(services, handler, job, record, Stage.RUN, failure)
         return
     if session is not None:
         _count_tokens(services, session)
-    fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None, **ended}
+    fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None,
+              "resume": resume, **ended}
     if session is not None and session.unsupported_params:  # sampler keys this backend's protocol lacks
         fields["ignored_params"] = sorted({*record.ignored_params, *session.unsupported_params})
     if (await _move(services, Move.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt))).ok:
         await _publish(services, (Stage.EVAL, None, job.job_id, handler.shares_messages(Stage.EVAL, job)))
+
+
+async def _run_handler(services: Services, handler: AgentHandler, job: JobContext, session: TokenSession | None,
+                       sandbox: dict[str, str] | None, cancelled: asyncio.Event) -> None:
+    """The handler's RUN with its sandbox and endpoint; the journal's last events written
+    whatever happens. A replay that diverged returns (``session.journal.diverged`` says so),
+    whatever the handler made of it (an agent program's endpoint call that failed)."""
+    journal = session.journal if session is not None else None
+    socket_dir = str(Path(sandbox["socket_path"]).parent) if sandbox else None
+    try:
+        async with tool_client(sandbox) as job.sandbox, \
+                job_endpoint(session, handler.endpoint_request(job), socket_dir, job.time_left) as job.endpoint:
+            job.run_result = await bounded(job, cancelled, handler.run(job, session))
+    except Exception:
+        if journal is None or journal.diverged is None:
+            raise
+    finally:
+        if journal is not None and journal.diverged is None:
+            try:
+                await journal.flush()
+            except Exception:  # noqa: BLE001 - the turn stays the rollout's; a retry regenerates it
+                log.exception("job %s: cannot write the journal's last events", job.job_id)
+
+
+async def _fresh_start(services: Services, handler: AgentHandler, job: JobContext, sandbox: dict[str, str] | None,
+                       cancelled: asyncio.Event) -> dict[str, str] | None:
+    """INIT's steps again, within RUN on this node: the old sandbox closed, a fresh one started
+    and recorded, the handler's ``init`` run on it."""
+    await _close_sandbox(services, sandbox)
+    request = handler.sandbox_request(job)
+    fresh = None
+    if request is not None:
+        fresh = await bounded(job, cancelled, services.sandboxes.start(job.job_id, request))
+        services.store.update(job.job_id, {"sandbox": fresh}, status=JobStatus.RUN, attempt=job.attempt)
+    async with tool_client(fresh) as job.sandbox:
+        job.init_result = await bounded(job, cancelled, handler.init(job))
+    return fresh
 
 
 #: a backend's answers that say it is down (not that this one request was wrong)

@@ -358,6 +358,9 @@ class FailingLLM:
     def add_message(self, role, content, **fields) -> None:
         self._messages.append({"role": role, "content": content})
 
+    def note_action(self, name, arguments) -> None:
+        pass
+
     @property
     def messages(self):
         return self._messages

@@ -34,6 +34,9 @@ class ScriptedLLM:
     def add_message(self, role: str, content: str, **fields: Any) -> None:
         self._messages.append({"role": role, "content": content, **fields})
 
+    def note_action(self, name: str | None, arguments: Any) -> None:
+        self.actions = [*getattr(self, "actions", []), (name, arguments)]
+
     @property
     def messages(self) -> list[dict[str, Any]]:
         return list(self._messages)

@@ -8,6 +8,7 @@
 --                                 pending_run (hash; the shared queue is never listed); each
 --                                 queue's ids in <ARGV[11].waiting_prefix><queue> (set)
 -- KEYS[7] prorl:stats:outcomes    outcome class -> jobs that ended with it (hash)
+-- KEYS[8], KEYS[9] (optional) the job's journal and its meta hash: they expire with the job
 -- ARGV[1] job id
 -- ARGV[2] target status, or "" to only set the fields (ARGV[12..]) under the same guard
 -- ARGV[3] allowed current statuses, comma separated (from prorl_celery.core.status.ALLOWED_FROM)
@@ -134,6 +135,7 @@ if ARGV[5] == '1' then
   redis.call('SREM', KEYS[4], ARGV[1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'job', ARGV[1], 'status', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
+  for i = 8, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[6]) end
   -- the class the job ended with: as the fields give it, else (an ender that names none) the
   -- one its status implies (prorl_celery.core.outcomes.of_status)
   local ending = nil

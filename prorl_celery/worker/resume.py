@@ -1,0 +1,70 @@
+"""What RUN does with the job's journal: take it over, resume from it, or start it afresh.
+
+A RUN stage takes the job's journal over for its attempt (``state.journal.JournalStore.begin``).
+When it holds turns of an earlier attempt (the worker died, the node was lost, the service was
+stopped, a backend failed), and the handler declares its tools replayable, RUN resumes: its
+sandbox is fresh (INIT's steps ran again), the handler runs from the start, every model turn the
+journal holds is taken from it (no token is generated twice) and every journaled action is
+carried out again, its observation checked against the journal. When one differs, RUN restarts
+from turn zero on a fresh sandbox (``ReplayDiverged``; the pipeline does it). What happened is
+the result's ``resume`` field:
+
+    {"resumed": true, "from_turn": 5, "replayed_turns": 5, "replayed_tokens": 812, ...}
+    {"resumed": false, "restarted": true, "diverged_at_turn": 3, "difference": {...}, ...}
+    {"resumed": false, "journaled_turns": 4, "reason": "the handler's tools are not replayable"}
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from handlers import AgentHandler, JobContext
+from prorl_celery.llm.journal import TurnJournal
+from prorl_celery.services import Services
+
+
+def turns_in(events: list[dict[str, Any]]) -> int:
+    return sum(1 for e in events if e["k"] == "gen")
+
+
+async def take_journal(services: Services, handler: AgentHandler, job: JobContext,
+                       *, fresh: bool = False) -> tuple[TurnJournal | None, dict[str, Any] | None]:
+    """This RUN's journal writer (replaying the journal's turns when it resumes), and what the
+    result says of a resume not taken; (None, None) when journaling is off."""
+    if not services.settings.journal:
+        return None, None
+    store = services.journal
+    taken = await asyncio.to_thread(store.begin, job.job_id, job.attempt, fresh=fresh)
+    write = store.append_on_loop
+    if not taken.events:
+        return TurnJournal(job.job_id, job.attempt, write), None
+    if not handler.replayable(job):
+        await asyncio.to_thread(store.begin, job.job_id, job.attempt, fresh=True)
+        return TurnJournal(job.job_id, job.attempt, write), {
+            "resumed": False, "journaled_turns": turns_in(taken.events),
+            "reason": f"task {job.task!r} does not declare its tools replayable: the rollout started "
+                      f"again from turn zero"}
+    return TurnJournal(job.job_id, job.attempt, write, index=len(taken.events), replay=taken.events,
+                       replay_own=True, strict=True), None
+
+
+async def settle(services: Services, journal: TurnJournal) -> dict[str, Any] | None:
+    """After a RUN that replayed without diverging: what the result says of the resume, and the
+    journal cut to what this run reached (its rollout may have ended sooner)."""
+    if not journal.replay_own or not journal.replay:
+        return None
+    if journal.unreplayed:
+        await asyncio.to_thread(services.journal.truncate, journal.job_id, journal.attempt, journal.cursor)
+    replayed = [e for e in journal.replay[:journal.cursor] if e["k"] == "gen"]
+    return {"resumed": True, "from_turn": len(replayed), "replayed_turns": len(replayed),
+            "replayed_tokens": sum(len(e["ids"]) for e in replayed),
+            "observations_checked": journal.checked, "unreplayed_events": journal.unreplayed}
+
+
+def restarted(journal: TurnJournal) -> dict[str, Any]:
+    """What the result says of a resume that met a different observation."""
+    assert journal.diverged is not None
+    return {"resumed": False, "restarted": True, "diverged_at_turn": journal.diverged.turn,
+            "difference": journal.diverged.as_dict(), "journaled_turns": turns_in(journal.replay),
+            "reason": "a replayed observation differs from the journal's (a tool that is not "
+                      "deterministic): the rollout started again from turn zero on a fresh sandbox"}

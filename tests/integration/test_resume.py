@@ -1,0 +1,148 @@
+"""Resume at the last journaled turn (issue 26, DESIGN decision 18) on a real service.
+
+A real RUN worker is SIGKILLed while math jobs with the python tool are halfway through a
+10-turn rollout (bubblewrap sandboxes, a persistent IPython whose state each turn builds on).
+The lease reaper retries each job from INIT (a fresh sandbox); RUN finds the journal of the
+first attempt, replays its tool actions (each observation checked: the IPython state is rebuilt)
+and takes its model turns from the journal. Checked against the scripted LLM server's own log:
+every model turn of the final trajectory is token-exact with what the server generated, and no
+journaled turn was generated twice (only the turn in flight at the kill may be asked again).
+
+A second test makes a tool answer differently on replay (the time): the resume meets the
+difference, restarts from turn zero on a fresh sandbox, and the result says so and where.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections import Counter
+
+import pytest
+import redis
+
+from prorl_celery.core.status import Stage
+from prorl_celery.dev.local import LocalCluster
+from prorl_celery.state import keys
+from tests.support.services import Gateway, LLMServer, eventually, rules_file, start_llm_server
+
+TURNS = 8  # the math family's cap on max_iterations
+ANSWER = str(2 ** (TURNS - 1) - 1)  # x after TURNS - 2 steps of x = 2 * x + 1 from 1
+LEASE_S = 3.0
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+
+def tool_call(code: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+
+
+#: turn 1 sets x, each later turn doubles it: an observation is right only on a sandbox whose
+#: IPython state the earlier turns built
+STATEFUL = [tool_call("x = 1\nprint(x)")] + [tool_call("x = 2 * x + 1\nprint(x)")] * (TURNS - 2) + \
+    [f"The answer is \\boxed{{{ANSWER}}}."]
+#: turn 3's observation is the time in nanoseconds: never the same twice
+CLOCK = [tool_call("print(1)"), tool_call("print(2)"), tool_call("import time; print(time.time_ns())")] + \
+    [tool_call(f"print({i})") for i in range(4, TURNS)] + ["\\boxed{1}"]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_tokenizer, tmp_path_factory) -> LLMServer:
+    """A scripted server whose replies take 0.6 s each, so a kill lands mid-rollout."""
+    rules = rules_file([{"match": "RESUME-STATEFUL", "scope": "prompt", "replies": STATEFUL, "delay_s": 0.6},
+                        {"match": "RESUME-CLOCK", "scope": "prompt", "replies": CLOCK, "delay_s": 0.6}])
+    server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("resume-llm"), "resume", rules=rules)
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(qwen3_tokenizer, llm, tmp_path_factory) -> LocalCluster:
+    node, sandbox_dir = f"resume-{os.getpid()}", tmp_path_factory.mktemp("sbx")
+    env = {"PRORL_NODE": node, "PRORL_SANDBOX_DIR": str(sandbox_dir), "PRORL_RUNTIME": "bubblewrap",
+           "PRORL_LEASE_S": str(LEASE_S), "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_VISIBILITY_TIMEOUT_S": "10",
+           "PRORL_SHUTDOWN_GRACE_S": "1", "PRORL_BACKEND_WAIT_POLL_S": "0.1"}
+    local = LocalCluster(redis_url=None, tokenizer=qwen3_tokenizer, gateway_workers=1, env=env,
+                         concurrency={Stage.INIT: 4, Stage.RUN: 8, Stage.EVAL: 2},
+                         log_dir=tmp_path_factory.mktemp("resume-cluster"))
+    with local:
+        with Gateway(local) as client:
+            assert client.post("/add_llm_server", json={"address": llm.address()}).status_code == 200
+        yield local
+
+
+def math_job(tag: str, n: int) -> dict:
+    return {"data_source": "math", "problem": f"{tag} job {n}: what is x after {TURNS - 1} steps?",
+            "answer": ANSWER, "tools": ["python"], "max_iterations": TURNS}
+
+
+def requests_of(llm: LLMServer, tag: str, n: int, tokenizer) -> list[dict]:
+    marker = f"{tag} job {n}:"
+    return [r for r in llm.log() if marker in tokenizer.decode(r["prompt_ids"])]
+
+
+def kill_run_worker(cluster: LocalCluster) -> None:
+    victim = next(p for p in cluster.processes if p.name.startswith(Stage.RUN.value + "-"))
+    os.kill(victim.popen.pid, signal.SIGKILL)
+    victim.popen.wait(30)
+    cluster.processes.remove(victim)
+    cluster.start_worker(Stage.RUN, 8)
+
+
+def turns_served(llm: LLMServer, tag: str, n: int, tokenizer) -> int:
+    return len([r for r in requests_of(llm, tag, n, tokenizer) if r["finished"]])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_tokenizer):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(qwen3_tokenizer)
+
+
+def test_a_killed_run_worker_resumes_each_rollout_at_its_last_journaled_turn(cluster, llm, tokenizer):
+    llm.reset()
+    state = redis.Redis.from_url(cluster.state_url, decode_responses=True)
+    with Gateway(cluster) as gateway:
+        jobs = [gateway.submit(math_job("RESUME-STATEFUL", n), max_attempts=2) for n in range(4)]
+        eventually(lambda: all(turns_served(llm, "RESUME-STATEFUL", n, tokenizer) >= TURNS // 2 - 1
+                               for n in range(4)), 120, "every job about halfway")
+        kill_run_worker(cluster)
+        results = [gateway.result(job_id, wait=120) for job_id in jobs]
+    for n, result in enumerate(results):
+        assert (result["status"], result["attempt"], result["reward"]) == ("completed", 2, 1.0), result["error"]
+        resume = result["resume"]
+        assert resume["resumed"] is True, resume
+        assert resume["from_turn"] >= TURNS // 2 - 1 and resume["observations_checked"] >= resume["from_turn"] - 1
+        trajectory = result["trajectory"]
+        assert trajectory["num_turns"] == TURNS
+        observations = [m["content"] for m in trajectory["messages"] if m["role"] == "tool"]
+        assert observations[-1].strip().endswith(ANSWER), observations  # the state was rebuilt by replay
+
+        served = requests_of(llm, "RESUME-STATEFUL", n, tokenizer)
+        by_prompt = {tuple(r["prompt_ids"]): r for r in served if r["finished"] and not r["aborted"]}
+        context = trajectory["prompt_ids"] + trajectory["response_ids"]
+        for turn in trajectory["turns"]:  # each model turn is exactly what the server generated
+            start = len(trajectory["prompt_ids"]) + turn["output_start"]
+            generated = by_prompt[tuple(context[:turn["context_len"]])]
+            assert context[start:start + turn["output_len"]] == generated["output_ids"]
+        asked = Counter(tuple(r["prompt_ids"]) for r in served)
+        twice = [len(prompt) for prompt, count in asked.items() if count > 1]
+        # only the turn in flight at the kill (never journaled) may have been asked again
+        assert len(twice) <= 1 and len(served) <= TURNS + 1, (twice, len(served))
+        journaled = [t["context_len"] for t in trajectory["turns"][:resume["from_turn"]]]
+        assert not set(twice) & set(journaled), "a journaled turn was generated again"
+        assert 0 < state.ttl(keys.journal(jobs[n])) <= state.ttl(keys.job(jobs[n])) + 1  # expires with the job
+
+
+def test_an_observation_that_differs_on_replay_restarts_from_turn_zero(cluster, llm, tokenizer):
+    llm.reset()
+    with Gateway(cluster) as gateway:
+        job_id = gateway.submit(math_job("RESUME-CLOCK", 0), max_attempts=2)
+        eventually(lambda: turns_served(llm, "RESUME-CLOCK", 0, tokenizer) >= 5, 120, "the job past turn 4")
+        kill_run_worker(cluster)
+        result = gateway.result(job_id, wait=120)
+    assert (result["status"], result["attempt"]) == ("completed", 2), result["error"]
+    resume = result["resume"]
+    assert resume["resumed"] is False and resume["restarted"] is True, resume
+    assert resume["diverged_at_turn"] == 3 and resume["difference"]["kind"] == "observation", resume
+    assert result["trajectory"]["num_turns"] == TURNS
