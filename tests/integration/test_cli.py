@@ -10,20 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import redis
 
 from prorl_celery.dev.local import free_port, wait_until
+from tests.support.processes import UP_ENV, alive, descendants
 
 #: the command under test, from this checkout (the installed `prorl` script may point elsewhere)
 PRORL = [sys.executable, "-m", "prorl_celery.cli"]
-#: the environment of a `prorl up` under test: its own Redis and address, whatever the caller's
-UP_ENV = {key: value for key, value in os.environ.items()
-          if key not in {"PRORL_REDIS_URL", "PRORL_REDIS_PERSISTENCE", "PRORL_GATEWAY_BIND"}}
-
-
 def one_line_failure(run: subprocess.CompletedProcess, *named: str) -> str:
     """``run`` failed with one line on stderr naming each of ``named``, and no traceback."""
     lines = run.stderr.strip().splitlines()
@@ -31,32 +26,6 @@ def one_line_failure(run: subprocess.CompletedProcess, *named: str) -> str:
     assert "Traceback" not in run.stdout + run.stderr
     assert all(name in lines[0] for name in named), lines[0]
     return lines[0]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid``, read from /proc (never by name)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = set(), [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.add(child)
-            stack.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_up_stops_every_child_on_sigterm(tmp_path, redis_url):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from prorl_celery.core.settings import Settings
+from tests.support.doc_blocks import shown_files
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -107,3 +108,41 @@ def test_the_checks_see_the_documents():
     """A parser that silently found nothing would pass everything above."""
     assert len(documented_variables()) > 40
     assert "docs/configuration.md" in relative_links(ROOT / "README.md")
+
+
+def readme_command(number: int) -> str:
+    """The line under ``# <number>.`` in the README's first code block."""
+    lines = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith(f"# {number}.")) + 1]
+
+
+def test_readme_command_1_is_one_line_with_its_virtualenv_and_the_checked_install():
+    """Command 1 pastes as one line on a stock Debian (whose system pip refuses installs: it makes
+    a venv first), and its pip install is the one CI's user-install check runs."""
+    steps = readme_command(1).split(" && ")
+    venv = steps.index("python3 -m venv .venv")
+    assert steps[venv + 1] == ". .venv/bin/activate"
+    pip = next(step for step in steps[venv:] if step.startswith("pip install"))
+    assert steps[-1] == "prorl demo"
+    checked = (ROOT / "scripts" / "user_install_check.sh").read_text()
+    install = re.search(r"^install=\(-m pip install -q (.*)\)$", checked, re.M).group(1)
+    assert pip == f"pip install {install}"
+    assert "redis-server" in steps[1] and "python3-venv" in steps[1]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_blocks_marked_as_a_file_show_that_file(document):
+    """``<!-- example: FILE -->`` before a block: the block is FILE, whole; ``excerpt``: a part of
+    it. The tests run the files, so what a page shows is what runs."""
+    for kind, name, block in shown_files(document):
+        content = (ROOT / name).read_text()
+        if kind == "example":
+            assert block.code == content, f"{document.name}:{block.line} differs from {name}"
+        else:
+            assert block.code in content, f"{document.name}:{block.line} is not a part of {name}"
+
+
+def test_the_guides_show_their_example_files():
+    assert {name for _, name, _ in shown_files(ROOT / "docs" / "trainer.md")} >= {
+        "examples/trainer/client.py", "examples/trainer/trl_grpo.py", "examples/trainer/verl_agent_loop.py",
+        "examples/train_loop.py"}
