@@ -16,7 +16,9 @@ start-to-ready on a miss, and a bash ``echo`` through the tool server versus a b
    -S -c pass`` (the interpreter alone: the floor of any Python tool server) and the bare tool
    server with ``-S`` (``bench.sandbox``'s baselines), alternating.
 3. **bash echo**: ``echo hi`` through the tool server in a bubblewrap sandbox versus the same
-   command on a bare pty shell in this process (``bench.tools.BarePty``), alternating batches.
+   command on a bare pty shell in this process (``bench.tools.BarePty``), and the server's
+   ``ping`` (the socket hop without a shell), alternating batches: ping + bare pty is the floor
+   of any server between the client and the shell.
 
     python -m bench.warm_pool [--jobs N] [--rounds N] [--echoes N]
 
@@ -148,17 +150,26 @@ def measure_ready(rounds: int, workdir: Path) -> dict[str, Any]:
     runtime = BubblewrapRuntime(state_dir=workdir / "state")
     spec = SandboxSpec(image="dev", workspace=workdir / "ws")
     true, python = bare_bwrap(["true"]), bare_bwrap([sys.executable, "-S", "-c", "pass"])
-    samples: dict[str, list[float]] = {"bwrap_true": [], "bwrap_python_S": [], "toolserver_bare_S": [],
-                                       "bubblewrap": []}
+    # the two libraries any asyncio tool server with a typed protocol imports, and nothing else
+    imports = bare_bwrap([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = {site_dirs()!r}; "
+                          "import asyncio, msgspec"])
+    samples: dict[str, list[float]] = {"bwrap_true": [], "bwrap_python_S": [], "bwrap_asyncio_msgspec_S": [],
+                                       "toolserver_bare_S": [], "bubblewrap": []}
     asyncio.run(time_runtime(runtime, spec))  # warm-up: page cache, imports
     for _ in range(rounds):
         samples["bwrap_true"].append(time_command(true))
         samples["bwrap_python_S"].append(time_command(python))
+        samples["bwrap_asyncio_msgspec_S"].append(time_command(imports))
         samples["toolserver_bare_S"].append(asyncio.run(time_bare_toolserver(workdir, no_site=True)))
         samples["bubblewrap"].append(asyncio.run(time_runtime(runtime, spec))[0])
     stats = {name: summary(values) for name, values in samples.items()}
     return {"stats": stats, "ratio_bubblewrap_over_bwrap_true": round(
         stats["bubblewrap"]["p50_ms"] / stats["bwrap_true"]["p50_ms"], 2)}
+
+
+def site_dirs() -> list[str]:
+    import site
+    return site.getsitepackages()
 
 
 # -- 3. bash echo ----------------------------------------------------------------------------------
@@ -172,13 +183,15 @@ def measure_echo(echoes: int, workdir: Path, batch: int = 50) -> dict[str, Any]:
     finally:
         bare.close()
     stats = {name: summary(values) for name, values in samples.items()}
+    floor = stats["toolserver_ping"]["p50_ms"] + stats["bare_pty"]["p50_ms"]
     return {"stats": stats, "ratio_toolserver_over_bare_pty": round(
-        stats["toolserver"]["p50_ms"] / stats["bare_pty"]["p50_ms"], 2)}
+        stats["toolserver"]["p50_ms"] / stats["bare_pty"]["p50_ms"], 2),
+        "floor_p50_ms": round(floor, 3), "ratio_toolserver_over_floor": round(stats["toolserver"]["p50_ms"] / floor, 2)}
 
 
 async def _echo(echoes: int, batch: int, workdir: Path, bare: BarePty) -> dict[str, list[float]]:
     runtime = BubblewrapRuntime(state_dir=workdir / "echo-state")
-    samples: dict[str, list[float]] = {"toolserver": [], "bare_pty": []}
+    samples: dict[str, list[float]] = {"toolserver": [], "bare_pty": [], "toolserver_ping": []}
     async with await runtime.start(SandboxSpec(image="dev", workspace=workdir / "echo-sandbox")) as sandbox:
         async with sandbox.client() as tools:
             for _ in range(20):  # warm-up
@@ -193,6 +206,10 @@ async def _echo(echoes: int, batch: int, workdir: Path, bare: BarePty) -> dict[s
                     started = time.perf_counter()
                     bare.execute("echo hi")
                     samples["bare_pty"].append((time.perf_counter() - started) * 1000)
+                for _ in range(batch):  # the socket hop alone: no shell
+                    started = time.perf_counter()
+                    await tools.ping()
+                    samples["toolserver_ping"].append((time.perf_counter() - started) * 1000)
     return samples
 
 
@@ -243,7 +260,9 @@ def report(result: dict[str, Any]) -> str:
                              [[name, f"{s['p50_ms']:.2f}", f"{s['p90_ms']:.2f}"] for name, s in ready.items()]), "",
              *markdown_table(["bash `echo hi`, ms", "p50", "p90"],
                              [[name, f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}"] for name, s in echo.items()]), "",
-             f"echo: tool server / bare pty {result['echo']['ratio_toolserver_over_bare_pty']:.2f}x; "
+             f"echo: tool server / bare pty {result['echo']['ratio_toolserver_over_bare_pty']:.2f}x, "
+             f"/ (ping + bare pty = {result['echo']['floor_p50_ms']:.3f} ms) "
+             f"{result['echo']['ratio_toolserver_over_floor']:.2f}x; "
              f"start: bubblewrap / bwrap true {result['ready']['ratio_bubblewrap_over_bwrap_true']:.1f}x", ""]
     lines += [f"- {'met' if ok else 'MISSED'}: {name}" for name, ok in result["targets"].items()]
     return "\n".join(lines)
