@@ -140,10 +140,20 @@ def _llm_command(llm: str, tokenizer: str, jobs: int = 32) -> tuple[list[str] | 
     return [*serve, "--scripted", llm, "--tokenizer", tokenizer], tokenizer
 
 
+LLM_CHOICES = ("tiny", "vllm", "scripted", "none")
+
+
+def _check_llm(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--llm`` is a name or a rules file that exists, checked before anything starts."""
+    if value not in LLM_CHOICES and not Path(value).is_file():
+        raise click.BadParameter(f"{value!r} is neither one of {', '.join(LLM_CHOICES)} nor a rules file")
+    return value
+
+
 def _cluster_options(f):
     f = click.option("--redis-url", envvar="PRORL_REDIS_URL", default=None,
                      help="use this Redis (db 0 broker, db 1 state) instead of starting redis-server")(f)
-    f = click.option("--llm", default="tiny", show_default=True,
+    f = click.option("--llm", default="tiny", show_default=True, callback=_check_llm,
                      help="'tiny' (CPU reference model), 'vllm' (a real vLLM on CPU: scripts/install_vllm.sh), "
                           "'scripted' (knows the demo answers), 'none', or a scripted-rules JSON file")(f)
     f = click.option("--tokenizer", envvar="PRORL_TOKENIZER", default=None, help="tokenizer directory")(f)

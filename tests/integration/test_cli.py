@@ -233,3 +233,17 @@ def test_an_unexpected_error_shows_its_traceback_and_says_so():
     assert "KeyError: 'missing'" in run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert "unexpected KeyError" in last and "--debug" in last, last
+
+
+def test_bad_llm_options_are_named_before_anything_starts(tmp_path):
+    """A wrong --llm, model directory or rules file is click's usage error naming the option (exit
+    2), never a traceback, and nothing is started first."""
+    not_rules = tmp_path / "rules.json"
+    not_rules.write_text('[{"x": 1}]')
+    for args, option in ((["up", "--llm", "bogus", "--port", "0"], "--llm"), (["demo", "--llm", "nope.json"], "--llm"),
+                         (["llm-serve", "--model", str(tmp_path / "missing")], "--model"),
+                         (["llm-serve", "--scripted", str(not_rules)], "--scripted"),
+                         (["llm-serve", "--scripted", str(not_rules), "--tokenizer", "gpt9"], "--tokenizer")):
+        run = subprocess.run([*PRORL, *args], capture_output=True, text=True, env=UP_ENV, timeout=60)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, (args, run.stderr)
+        assert f"Invalid value for {option}" in run.stderr or f"Invalid value for '{option}'" in run.stderr, run.stderr

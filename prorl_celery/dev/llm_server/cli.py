@@ -105,8 +105,15 @@ def llm_serve(model: str | None, scripted: str | None, tokenizer: str | None, ho
 
     from prorl_celery.dev.llm_server.app import create_llm_app
 
-    engine = build_engine(model=model, scripted=scripted, tokenizer=tokenizer,
-                          token_delay=token_delay, seed=seed, model_name=model_name,
-                          max_model_len=max_model_len)
+    try:
+        engine = build_engine(model=model, scripted=scripted, tokenizer=tokenizer,
+                              token_delay=token_delay, seed=seed, model_name=model_name,
+                              max_model_len=max_model_len)
+    except ValueError as error:  # JSONDecodeError and pydantic's ValidationError too
+        if scripted is None:
+            raise
+        first = str(error).splitlines()[0]
+        raise click.BadParameter(f"{scripted} is not a rules file ({first}): a JSON list of "
+                                 '{"match": regex, "replies": [...]}', param_hint="--scripted") from error
     click.echo(f"serving {engine.model_name} on http://{host}:{port}", err=True)
     uvicorn.run(create_llm_app(engine), host=host, port=port, log_level=log_level)
