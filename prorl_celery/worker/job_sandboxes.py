@@ -88,14 +88,19 @@ class JobSandboxes:
         return self._runtime
 
     async def start(self, job_id: str, request: SandboxRequest) -> dict[str, str]:
-        """The job's sandbox: a ready one from this process's warm pool when one matches,
-        else one started now; returns what RUN needs to find and stop it."""
+        """The job's sandbox: a ready one from this process's warm pool when one matches
+        (``"pooled"`` set in what it returns), else one started now; returns what RUN needs to
+        find and stop it.
+
+        A pooled sandbox's ledger entry names the job as it is taken; the job's record names the
+        sandbox only from INIT's hand-over (``_init``): a worker dying in between leaves an entry
+        whose owner is dead and whose job is still in INIT, which the reaper stops either way."""
         if self.pool is not None:
             taken = self.pool.take(request)
             if taken is not None:
                 sandbox = taken.sandbox
                 if self.ledger.assign(sandbox["node"], sandbox["id"], job_id, expected=taken.entry):
-                    return sandbox
+                    return {**sandbox, "pooled": "1"}
                 log.warning("pooled sandbox %s left the ledger before job %s took it", sandbox["id"], job_id)
         return await self.start_new(job_id, request)
 

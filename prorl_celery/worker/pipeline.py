@@ -318,7 +318,8 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
         request = handler.sandbox_request(job)
         if request is not None:
             sandbox = await bounded(job, cancelled, services.sandboxes.start(job.job_id, request))
-            store.update(job.job_id, {"sandbox": sandbox}, status=JobStatus.INIT, attempt=job.attempt)
+            if not sandbox.get("pooled"):  # a warm pool's is named by the hand-over: a round trip less
+                store.update(job.job_id, {"sandbox": sandbox}, status=JobStatus.INIT, attempt=job.attempt)
         async with tool_client(sandbox) as job.sandbox:
             job.init_result = await bounded(job, cancelled, handler.init(job))
     except JobCancelled:
@@ -347,7 +348,7 @@ async def _init(services: Services, handler: AgentHandler, job: JobContext, reco
             f"node-local job; start `celery -A prorl_celery worker -Q run` there"), init_result=job.init_result)
         return
     # run_queue tells the reaper which node must stay alive for this job to be run at all
-    fields = {"init_result": job.init_result, "run_queue": queue or ""}
+    fields = {"init_result": job.init_result, "run_queue": queue or "", **({"sandbox": sandbox} if sandbox else {})}
     if (await _move(services, Move.hand_over(job.job_id, Stage.INIT, fields, attempt=job.attempt))).ok:
         await _publish(services, (Stage.RUN, queue, job.job_id, handler.shares_messages(Stage.RUN, job)))
     else:  # cancelled meanwhile: nobody will run it

@@ -113,7 +113,7 @@ def test_a_cancelled_job_stops_the_sandbox_it_took(pooled):
     pooled.wait_for_stage(job_id, "run")
     state = redis.Redis.from_url(pooled.cluster.state_url, decode_responses=True)
     taken = json.loads(state.hget(keys.job(job_id), "sandbox"))
-    assert taken["id"] in before
+    assert taken["id"] in before and taken["pooled"] == "1"
     [record] = [r for r in RedisSandboxLedger(state).list(pooled.node) if r.sandbox_id == taken["id"]]
     assert record.job_id == job_id and running(record)
     assert pooled.post("/cancel", json={"job_id": job_id}).json()["cancelled"] == [job_id]
