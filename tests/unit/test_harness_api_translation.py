@@ -159,3 +159,22 @@ def test_response_store_chains_and_forgets_the_oldest():
                         "previous_response_id": "resp_1"}, store)
     assert [m.role for m in request.messages] == ["user", "assistant", "tool"] and len(request.items) == 3
     assert request.messages[1].content == "said 1"
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_incremental_decode_of_growing_ids_is_the_whole_decode(name: str, qwen3_tokenizer: str,
+                                                               llama3_tokenizer: str):
+    import random
+
+    from prorl_celery.llm.segments import ChatMatcher
+    from prorl_celery.llm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(qwen3_tokenizer if name == "qwen3" else llama3_tokenizer)
+    ids = tok.encode("héllo wörld 你好世界 <|im_end|> 😀😀 tabs\t\t and   spaces\n\n" * 30)
+    rng = random.Random(1)
+    for _ in range(100):
+        matcher = ChatMatcher(tok)
+        for cut in sorted(rng.sample(range(1, len(ids)), 4)) + [len(ids)]:  # cuts inside characters too
+            assert matcher.decoded(ids[:cut]) == tok.decode(ids[:cut], False)
+    matcher.decoded(ids)
+    assert matcher.decoded(ids[:5] + [0] * 20) == tok.decode(ids[:5] + [0] * 20, False)  # not an extension
