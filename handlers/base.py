@@ -85,6 +85,9 @@ class EndpointRequest:
 
     model: str = "policy"  # the model name the endpoint answers to
     max_calls: int | None = None  # LLM calls it allows (the job's max_iterations)
+    #: model names the harness was configured to use for a small fast model (titles, summaries):
+    #: their calls are ``auxiliary`` samples (``prorl_celery/llm/samples.py``)
+    auxiliary_models: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -154,6 +157,10 @@ class EvalResult:
 
     reward: float | None
     details: dict[str, Any] = field(default_factory=dict)
+    #: a reward of its own for some of the rollout's training samples, by their index in the
+    #: trajectory's ``samples`` (the endpoint's summary in ``run_result`` names each one's
+    #: origin); every sample not named here has ``reward`` (DESIGN decision 19)
+    sample_rewards: dict[int, float] | None = None
 
 
 class AgentHandler(Generic[LLMT]):

@@ -52,7 +52,8 @@ from typing import Any
 from handlers import EndpointRequest
 from prorl_celery.core.errors import BackendError, ContextExhausted
 from prorl_celery.llm import anthropic_messages, responses_api
-from prorl_celery.llm.segments import ChatMatcher, EndpointRequestError, Message, Plan, Reply, common_prefix
+from prorl_celery.llm.samples import SampleRouter
+from prorl_celery.llm.segments import EndpointRequestError, Message, Reply, common_prefix
 from prorl_celery.llm.session import TokenSession
 from singularity.toolserver.agentrun import ENDPOINT_INSIDE, ENDPOINT_SOCKET
 
@@ -90,11 +91,12 @@ class AgentEndpoint:
     """The endpoint's logic, independent of HTTP (tests drive it directly too)."""
 
     def __init__(self, session: TokenSession, *, key: str, model: str = "policy",
-                 max_calls: int | None = None, time_left: Callable[[], float | None] | None = None) -> None:
+                 max_calls: int | None = None, time_left: Callable[[], float | None] | None = None,
+                 auxiliary_models: Sequence[str] = ()) -> None:
         self.session, self.key, self.model = session, key, model
         self.max_calls = max_calls
         self.time_left = time_left or (lambda: None)
-        self.matcher = ChatMatcher(session.tokenizer)
+        self.router = SampleRouter(session, model, auxiliary_models)
         self.calls = 0
         self.refused: dict[str, int] = {}
         self.ignored_params: set[str] = set()
@@ -150,8 +152,12 @@ class AgentEndpoint:
 
     def summary(self) -> dict[str, Any]:
         """What the job's result records about the endpoint."""
-        events = self.session.drift_events
-        return {"calls": self.calls, "segments": len(self.session.archived_segments) + 1,
+        session = self.session
+        events = session.drift_events
+        samples = [{"sample": i, "origin": origin, "model": s.model, "parent": s.parent,
+                    "turns": sum(1 for t in session.turns if t.get("sample") == i)}
+                   for i, (s, origin) in enumerate(zip(session.sample_states, session.origins()))]
+        return {"calls": self.calls, "segments": session.num_samples, "samples": samples,
                 "drift_events": list(events),
                 "drifted_tokens": sum(int(e.get("drifted_tokens", 0)) for e in events),
                 "refused": dict(self.refused), "ignored_request_params": sorted(self.ignored_params),
@@ -190,14 +196,40 @@ class AgentEndpoint:
         finally:
             self._inflight.discard(task)
 
-    def _new_segment(self, drift: dict[str, Any], start: Callable[[], None]) -> None:
+    def _model_of(self, body: dict[str, Any]) -> str:
+        """The model name a call asks for (the endpoint's own when it names none)."""
+        model = body.get("model")
+        if model is None or model == "":
+            return self.model
+        if not isinstance(model, str):
+            raise EndpointRequestError("model must be a string")
+        return model
+
+    def _start_sample(self, model: str, parent: int | None, drift: dict[str, Any] | None,
+                      start: Callable[[], None]) -> int:
+        """A new sample, started by ``start``; a rewrite (``drift``) records what it kept of
+        the ids its parent served."""
         session = self.session
-        previous = session.context_ids
-        session.new_segment({**drift, "call": self.calls})
+        previous: list[int] = []
+        if parent is not None:
+            session.activate(parent)
+            previous = session.context_ids
+        index = session.new_sample(model=model, parent=parent,
+                                   drift=None if drift is None else {**drift, "call": self.calls})
         start()
-        kept = common_prefix(previous, session.prompt_ids)
-        session.drift_events[-1].update(kept_tokens=kept, drifted_tokens=len(previous) - kept)
-        log.info("endpoint drift at call %d: %s", self.calls, drift.get("reason"))
+        if drift is not None:
+            kept = common_prefix(previous, session.prompt_ids)
+            session.drift_events[-1].update(kept_tokens=kept, drifted_tokens=len(previous) - kept)
+            log.info("endpoint drift at call %d: %s", self.calls, drift.get("reason"))
+        return index
+
+    def _log_call(self, kind: str, action: str, started: float, context: int, generation: Any) -> None:
+        session = self.session
+        sample = session.sample_states[session.active]
+        self.call_log.append({"call": self.calls, "kind": kind, "action": action, "segment": session.active,
+                              "sample": session.active, "model": sample.model,
+                              "prompt_tokens": context, "completion_tokens": len(generation.token_ids),
+                              "seconds": round(time.monotonic() - started, 4)})
 
     async def converse(self, parsed: list[Message], tools: list[dict[str, Any]] | None, *,
                        parse_tools: bool, overrides: dict[str, Any], kind: str = "chat",
@@ -209,31 +241,31 @@ class AgentEndpoint:
         them) and its answer from the returned :class:`Turn`; the history matching, the session
         and the limits are this one method's."""
         self._admit()
+        model = model or self.model
         async with self._lock:
             self._admit()
             self.calls += 1
             started = time.monotonic()
             session = self.session
-            plan: Plan = self.matcher.plan(parsed, tools, session.context_ids, session._spans)
-            if plan.action == "start":
-                session.start(plan.messages, tools)
-            elif plan.action == "extend":
+            route = self.router.route_chat(parsed, tools, model)
+            plan = route.plan
+            if route.new:
+                index = self._start_sample(model, route.parent,
+                                           plan.drift if route.parent is not None else None,
+                                           lambda: session.start(plan.messages, tools))
+            else:
+                assert route.index is not None
+                index = route.index
+                session.activate(index)
                 if plan.messages:
                     session.add_messages(plan.messages)
-            else:
-                self._new_segment(plan.drift or {}, lambda: session.start(plan.messages, tools))
-            self.matcher.observed(plan, parsed, tools)
+            self.router.observed(index, plan, parsed, tools)
             context = len(session.context_ids)
             generation = await self._generate(overrides)
             reply = Reply.parse(generation.text, tools_given=parse_tools, finish=generation.finish_reason, stop=stop)
-            self.matcher.replied(reply)
-            entry = {"call": self.calls, "kind": kind, "action": plan.action,
-                     "segment": len(session.archived_segments), "prompt_tokens": context,
-                     "completion_tokens": len(generation.token_ids),
-                     "seconds": round(time.monotonic() - started, 4)}
-            if model is not None:
-                entry["model"] = model
-            self.call_log.append(entry)
+            self.router.replied(index, reply)
+            self._log_call(kind, "extend" if not route.new else ("new_segment" if route.parent is not None
+                                                                 else "start"), started, context, generation)
             prompt_ids = session.context_ids[:context]
         return Turn(reply, generation, context, prompt_ids)
 
@@ -250,12 +282,15 @@ class AgentEndpoint:
         if not isinstance(raw_messages, list):
             raise EndpointRequestError("messages must be a list")
         parsed = [Message.parse(m, i) for i, m in enumerate(raw_messages)]
+        if not parsed:
+            raise EndpointRequestError("messages must not be empty")
         tools = body.get("tools") or None
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise EndpointRequestError("tools must be a list of objects")
         overrides = self._overrides(body)
         turn = await self.converse(parsed, tools, parse_tools=bool(tools) and body.get("tool_choice") != "none",
-                                   overrides=overrides, stop=stop_strings(body.get("stop"), "stop"))
+                                   overrides=overrides, model=self._model_of(body),
+                                   stop=stop_strings(body.get("stop"), "stop"))
         response = self._chat_response(body, turn.reply, turn.generation, turn.prompt_tokens, turn.prompt_ids)
         return response, turn.reply, turn.generation
 
@@ -278,42 +313,32 @@ class AgentEndpoint:
         if echo and body.get("logprobs") not in (None, False):
             raise EndpointRequestError("echo with logprobs is not served: the prompt's logprobs are not computed")
         overrides = self._overrides(body)
+        model = self._model_of(body)
         tok = self.session.tokenizer
         async with self._lock:
             self._admit()
             self.calls += 1
             started = time.monotonic()
             session = self.session
-            kind = self.matcher.kind
-            action = "extend"
-            if kind is None:
-                action = "start"
-                first = ids if ids is not None else _encode_prompt(tok, text or "")
-                session.start_ids(first, text if text is not None else tok.decode(first, False))
+            route = self.router.route_ids(ids, text, model)
+            if route.index is not None and route.suffix is not None:
+                action = "extend"
+                session.activate(route.index)
+                session.add_ids(route.suffix, tok.decode(route.suffix, False))
             else:
-                held = session.context_ids
-                suffix: list[int] | None = None
-                why = "the agent switched from /v1/chat/completions to /v1/completions"
-                if kind == "completion":
-                    why = "the prompt does not extend the text already served (history rewritten)"
-                    suffix = _continuation(tok, held, ids, text)
-                if suffix is not None:
-                    session.add_ids(suffix, tok.decode(suffix, False))
-                else:
-                    action = "new_segment"
-                    first = ids if ids is not None else _encode_prompt(tok, text or "")
-                    index = common_prefix(held, first)
-                    self._new_segment({"message": None, "token": index, "reason": why},
-                                      lambda: session.start_ids(
-                                          first, text if text is not None else tok.decode(first, False)))
-                    self.matcher.reset()
-            self.matcher.kind = "completion"
+                first = ids if ids is not None else _encode_prompt(tok, text or "")
+                drift = route.drift
+                if drift is not None and route.parent is not None:
+                    state = session.sample_states[route.parent]
+                    drift = {**drift, "token": common_prefix(state.prompt_ids + state.response_ids, first)}
+                action = "new_segment" if drift is not None else "start"
+                index = self._start_sample(model, route.parent, drift, lambda: session.start_ids(
+                    first, text if text is not None else tok.decode(first, False)))
+                self.router.matcher(index).reset()
+                self.router.matcher(index).kind = "completion"
             context = len(session.context_ids)
             generation = await self._generate(overrides)
-            self.call_log.append({"call": self.calls, "kind": "completion", "action": action,
-                                  "segment": len(session.archived_segments), "prompt_tokens": context,
-                                  "completion_tokens": len(generation.token_ids),
-                                  "seconds": round(time.monotonic() - started, 4)})
+            self._log_call("completion", action, started, context, generation)
         response = self._completion_response(body, generation, context, session.context_ids)
         if echo:  # the prompt as the agent sent it, then the completion (OpenAI's echo)
             choice = response["choices"][0]
@@ -388,30 +413,6 @@ def stop_strings(value: Any, name: str) -> list[str]:
 def _usage(prompt_tokens: int, generation: Any) -> dict[str, int]:
     completion = len(generation.token_ids)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
-
-
-def _continuation(tok: Any, held: list[int], ids: list[int] | None, text: str | None) -> list[int] | None:
-    """The new ids of a completions prompt that extends the ids already served, else None.
-
-    A text agent appends the completion's ``text``, which leaves out the end-of-turn token the
-    model ended on (special tokens are not in ``text``): a prompt that extends the served text
-    without that last special token is a continuation too, and the token stays in the ids, as
-    the model generated it and the backend saw it."""
-    bare = held[:-1] if held and tok.decode(held[-1:], True) == "" else None  # ends on a hidden token
-    if ids is not None:
-        for kept in (held, bare):
-            if kept is not None and len(ids) > len(kept) and ids[:len(kept)] == kept:
-                return ids[len(kept):]
-        return None
-    if text is None:
-        return None
-    for kept in (held, bare):
-        if kept is None:
-            continue
-        served = tok.decode(kept, False)
-        if len(text) > len(served) and text.startswith(served):
-            return tok.encode(text[len(served):])
-    return None
 
 
 def _encode_prompt(tok: Any, text: str) -> list[int]:
@@ -667,6 +668,6 @@ async def job_endpoint(session: TokenSession | None, request: EndpointRequest | 
         raise RuntimeError("a per-job endpoint needs the job's LLM session and its sandbox")
     key = secrets.token_urlsafe(32)
     endpoint = AgentEndpoint(session, key=key, model=request.model, max_calls=request.max_calls,
-                             time_left=time_left)
+                             time_left=time_left, auxiliary_models=request.auxiliary_models)
     async with EndpointServer(endpoint, Path(socket_dir) / ENDPOINT_SOCKET):
         yield ServedEndpoint(key, ENDPOINT_INSIDE, request.model, endpoint)

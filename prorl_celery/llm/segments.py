@@ -313,6 +313,22 @@ class ChatMatcher:
             return self._drift(messages, index, why)
         return Plan("extend", rendered)
 
+    def held_prefix(self, messages: list[Message]) -> int:
+        """How many of the held messages ``messages`` repeats, from the first on (the tests
+        :meth:`plan` makes, without rendering anything)."""
+        for index, held in enumerate(self.held):
+            if index >= len(messages):
+                return index
+            sent = messages[index]
+            if not (held.accepts(sent) if isinstance(held, Reply) else _same(held, sent)):
+                return index
+        return len(self.held)
+
+    def replies_carried(self, messages: list[Message]) -> int:
+        """How many of the model turns served in this segment ``messages`` carries, anywhere."""
+        sent = [m for m in messages if m.role == "assistant"]
+        return sum(1 for held in self.held if isinstance(held, Reply) and any(held.accepts(m) for m in sent))
+
     def _render_list(self, messages: list[Message]) -> list[dict[str, Any]]:
         """Template messages for a new segment: served assistant turns as the model wrote them."""
         out = []

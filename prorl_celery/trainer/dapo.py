@@ -63,6 +63,7 @@ from prorl_celery.trainer.dapo_types import (
     StepStats,
     not_all_equal,
 )
+from prorl_celery.trainer.samples import samples_of
 
 __all__ = ["AsyncDAPOCollector", "Batch", "CollectorConfig", "DAPOCollector", "Group", "PromptsExhausted",
            "Rollout", "RolloutsFailing", "StepStats", "not_all_equal"]
@@ -337,6 +338,7 @@ class AsyncDAPOCollector:
         rollout.result, rollout.status, rollout.outcome = result, result["status"], ending.outcome
         rollout.generation = result.get("generation")
         rollout.policy_versions = list((result.get("trajectory") or {}).get("policy_versions") or [])
+        rollout.samples = samples_of(result, include_auxiliary=self.config.train_auxiliary)
         self._failures_in_row = 0 if ending.reward_valid else self._failures_in_row + 1
         if self._failures_in_row > self.config.failure_limit:
             raise RolloutsFailing(f"{self._failures_in_row} rollouts in a row ended without a valid reward; "

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prorl_celery.core.errors import ProrlError
+from prorl_celery.trainer.samples import Sample
 
 #: cumulative backend busy time, in seconds per unit of capacity (a float, or awaitable)
 BusyProbe = Callable[[], "float | Awaitable[float]"]
@@ -56,6 +57,9 @@ class CollectorConfig:
     sampling_params: dict[str, Any] = field(default_factory=dict)
     task: str | None = None
     timeout_s: float | None = None
+    #: train on a rollout's auxiliary samples too (calls under another model name, such as a
+    #: small model's titles): they are in ``Rollout.samples`` only when this is set
+    train_auxiliary: bool = False
 
     @property
     def in_flight(self) -> int:
@@ -88,6 +92,10 @@ class Rollout:
     #: step of the batch the rollout's group was returned in
     batch_step: int | None = None
     result: dict[str, Any] | None = None
+    #: its training samples (``prorl_celery.trainer.samples.samples_of``): the main agent's
+    #: first, then sub-agents' and rewrites' (auxiliary ones with ``train_auxiliary``), each
+    #: with the rollout's reward unless the handler gave it its own
+    samples: list[Sample] = field(default_factory=list)
 
     @property
     def carried_over(self) -> bool:
@@ -178,3 +186,8 @@ class Batch:
     @property
     def rollouts(self) -> list[Rollout]:
         return [r for g in self.groups for r in g.ordered]
+
+    @property
+    def samples(self) -> list[Sample]:
+        """Every training sample of the batch's rollouts, rollout by rollout."""
+        return [s for r in self.rollouts for s in r.samples]

@@ -66,7 +66,7 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
         "attempts": [*record.attempts, {"attempt": record.attempt, "outcome": ending.outcome.value,
                                         "stage": ending.stage, "detail": ending.detail, "node": record.node}],
         "nodes": {stage.value: record.stage_node(stage) for stage in Stage},
-        "trajectory": record.trajectory,
+        "trajectory": with_sample_rewards(record.trajectory, reward, record.eval),
         "resume": record.resume,
         "eval": record.eval,
         "artifacts": extra.pop("artifacts", {}),
@@ -76,6 +76,20 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
     }
     result.update({k: v for k, v in extra.items() if k not in result})
     return result
+
+
+def with_sample_rewards(trajectory: dict[str, Any] | None, reward: float | None,
+                        judgement: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A trajectory whose ``samples`` each carry their ``reward``: the handler's own for that
+    sample (``sample_rewards`` of its judgement), else the rollout's; null when the rollout's
+    reward is not valid."""
+    samples = (trajectory or {}).get("samples")
+    if not samples:
+        return trajectory
+    own = (judgement or {}).get("sample_rewards") or {}
+    rewarded = [{**sample, "reward": None if reward is None else own.get(str(sample.get("sample", i)), reward)}
+                for i, sample in enumerate(samples)]
+    return {**trajectory, "samples": rewarded}  # type: ignore[dict-item]
 
 
 def pending_result(store: JobStore, record: JobRecord, now: float | None = None) -> dict[str, Any]:

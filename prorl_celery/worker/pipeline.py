@@ -536,9 +536,8 @@ async def _report_backend(services: Services, address: str, error: BackendError)
 
 
 def _count_tokens(services: Services, session: TokenSession) -> None:
-    generated = sum(session.response_mask)
-    services.metrics.count("tokens_generated", generated)
-    services.metrics.count("tokens_observed", len(session.response_mask) - generated)
+    services.metrics.count("tokens_generated", session.generated_tokens)
+    services.metrics.count("tokens_observed", session.observed_tokens)
     services.metrics.count("llm_requests", session.num_turns)
 
 
@@ -577,8 +576,15 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
     ending = Ending(Outcome.OK, None, None) if record.outcome is None else None
     await _move(services, Move.finish(job.job_id, status, attempt=job.attempt, fields=outcome(
         record.critical_error, record.error, ending,
-        reward=None if result.reward is None else float(result.reward), eval=result.details,
+        reward=None if result.reward is None else float(result.reward), eval=_eval_details(result),
         extra=_handler_extras(handler, job))))
+
+
+def _eval_details(result: EvalResult) -> dict[str, Any]:
+    """The judgement's details, with the samples' own rewards (``sample_rewards``, by index)."""
+    if not result.sample_rewards:
+        return result.details
+    return {**result.details, "sample_rewards": {str(int(i)): float(r) for i, r in result.sample_rewards.items()}}
 
 
 # -- the end of a stage, batched per loop ---------------------------------------------------------

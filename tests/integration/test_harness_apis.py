@@ -154,10 +154,11 @@ def test_anthropic_streaming_event_sequence_and_stop_sequences(backend, tok):
 
     trajectory, cut, summary = asyncio.run(main())
     assert (cut.stop_reason, cut.stop_sequence, cut.content[0].text) == ("stop_sequence", "END", "The answer is 42. ")
-    # another conversation (a small model's call) is a new segment of this session, with a drift
-    # event; the streamed conversation before it has none
-    [event] = trajectory["drift_events"]
-    assert event["call"] == 3 and summary["calls_log"][-1]["model"] == "claude-haiku-4-5"
+    # another model name (a small model's call) is a training sample of its own, no drift: the
+    # main agent's conversation is the first one's model (no handler configured the names here)
+    assert trajectory["drift_events"] == [] and summary["calls_log"][-1]["model"] == "claude-haiku-4-5"
+    assert [(s["origin"], s["model"]) for s in trajectory["samples"]] == [
+        ("main", "claude-sonnet-4-5"), ("auxiliary", "claude-haiku-4-5")]
     check_exact(trajectory, log_of(backend))
 
 

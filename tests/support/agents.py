@@ -140,3 +140,60 @@ SLOW_AGENT = r'''
 from openai import OpenAI
 OpenAI(max_retries=0).chat.completions.create(model="policy", messages=[{"role": "user", "content": "SLOW-AGENT"}])
 '''
+
+
+#: the sub-agent program below: its main conversation delegates to a sub-agent (its own system
+#: prompt and tools), and a title comes from a small model under another name (as Claude Code does)
+SUBAGENT_RULES = [
+    {"match": "TITLE-SYS", "scope": "prompt", "replies": ["Listing the workspace"]},
+    {"match": "SUB-SYS", "scope": "prompt", "replies": [tool_call("bash", command="ls"),
+                                                        "The workspace holds a.txt."]},
+    {"match": "MAIN-SYS", "scope": "prompt", "replies": [
+        "I delegate the listing.\n" + tool_call("task", prompt="List the workspace."),
+        "The workspace holds a.txt."]},
+]
+
+#: an openai SDK agent with a Task tool: each task runs a sub-agent conversation of its own
+SUBAGENT_AGENT = r'''
+import json, os, subprocess
+from openai import OpenAI
+
+client = OpenAI()
+model = os.environ["PRORL_LLM_MODEL"]
+task = open(os.environ["PRORL_TASK_FILE"]).read()
+
+
+def function(name, description, **properties):
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": {k: {"type": "string"} for k in properties}, "required": list(properties)}}}
+
+
+def converse(system, prompt, tools, act):
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+    for _ in range(6):
+        reply = client.chat.completions.create(model=model, messages=messages, tools=tools).choices[0].message
+        message = {"role": "assistant", "content": reply.content or ""}
+        if reply.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments}} for c in reply.tool_calls]
+        messages.append(message)
+        if not reply.tool_calls:
+            return reply.content
+        for call in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": act(call.function.name, json.loads(call.function.arguments))})
+
+
+def bash(name, arguments):
+    return subprocess.run(arguments["command"], shell=True, capture_output=True, text=True).stdout
+
+
+def sub_agent(name, arguments):
+    return converse("SUB-SYS You list files.", arguments["prompt"], [function("bash", "run", command="")], bash)
+
+
+title = client.chat.completions.create(model=model + "-small", messages=[
+    {"role": "system", "content": "TITLE-SYS Write a title."}, {"role": "user", "content": task}])
+answer = converse("MAIN-SYS You lead.", task, [function("task", "run a sub-agent", prompt="")], sub_agent)
+open("answer.txt", "w").write(answer + "\n" + title.choices[0].message.content)
+'''

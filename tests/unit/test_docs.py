@@ -43,6 +43,7 @@ KNOWN_EXTRAS: dict[str, str] = {
     # the verl agent loop, in the trainer's process
     "PRORL_GATEWAY_URL": "prorl_celery/trainer/integrations/verl.py",
     "PRORL_MAX_RESUBMITS": "prorl_celery/trainer/integrations/verl.py",
+    "PRORL_TRAIN_AUXILIARY": "prorl_celery/trainer/integrations/verl.py",
     # the vLLM and verl venvs of the tests and CI
     "PRORL_VLLM_VENV": "scripts/install_vllm.sh",
     "PRORL_VLLM_VERSION": "scripts/install_vllm.sh",

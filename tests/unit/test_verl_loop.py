@@ -67,6 +67,9 @@ async def test_an_invalid_reward_is_resubmitted_and_the_valid_one_returned(adapt
     assert output.reward_score == 1.0 and output.response_mask == [1, 1, 1]
     assert output.extra_fields["prorl_outcome"] == "ok" and output.extra_fields["prorl_resubmits"] == 1
     assert output.extra_fields["prorl_job_id"].endswith("-re1") and len(fake.jobs) == 2
+    [only] = output.extra_fields["prorl_samples"]  # every training sample rides along: here one
+    assert (only["origin"], only["primary"], only["reward"]) == ("main", True, 1.0)
+    assert only["response_ids"] == output.response_ids and only["response_mask"] == output.response_mask
 
 
 @pytest.mark.anyio

@@ -78,6 +78,7 @@ from prorl_celery.trainer.client import (
     new_job_id,
     reward_of,
 )
+from prorl_celery.trainer.samples import samples_of
 
 if TYPE_CHECKING:
     from prorl_celery.trainer.weights import VLLMWeightSync
@@ -100,6 +101,9 @@ class StepTiming:
     resubmitted: int = 0
     #: outcome class -> results whose reward was not valid (resubmitted or dropped)
     invalid: dict[str, int] = field(default_factory=dict)
+    #: rows holding a training sample, and samples beyond ``samples_per_rollout`` left out
+    samples: int = 0
+    samples_left_out: int = 0
 
 
 @dataclass
@@ -149,6 +153,14 @@ class ProrlRollout:
     #: "drop" (module docstring)
     on_invalid: str = "resubmit"
     max_resubmits: int = 2
+    #: rows each rollout fills (TRL's run of equal prompts must be a multiple of it): its
+    #: training samples (``prorl_celery.trainer.samples_of``), the main agent's first, then
+    #: sub-agents' and rewrites'; a rollout with fewer fills the rest with placeholders (no valid
+    #: reward: out of the group's baseline, advantage 0), one with more keeps the first ones and
+    #: counts the others in ``StepTiming.samples_left_out``. 1: the main agent's sample alone
+    samples_per_rollout: int = 1
+    #: rows for auxiliary samples too (calls under another model name, e.g. a small model's titles)
+    train_auxiliary: bool = False
     #: replaces the network (an ``httpx.AsyncBaseTransport``; tests)
     transport: Any = None
 
@@ -157,6 +169,10 @@ class ProrlRollout:
             raise ValueError(f"ProrlRollout: path must be 'token' or 'text', not {self.path!r}")
         if self.on_invalid not in ("resubmit", "drop"):
             raise ValueError(f"ProrlRollout: on_invalid must be 'resubmit' or 'drop', not {self.on_invalid!r}")
+        if not isinstance(self.samples_per_rollout, int) or self.samples_per_rollout < 1:
+            raise ValueError("ProrlRollout: samples_per_rollout must be a positive integer")
+        if self.path == "text" and self.samples_per_rollout != 1:
+            raise ValueError("ProrlRollout: the text path takes one sample per rollout (samples_per_rollout=1)")
         if self.path == "text" and self.text_tokenizer is None:
             raise ValueError("ProrlRollout: path='text' needs text_tokenizer= (a ChatTokenizer)")
         self._by_prompt: dict[str, dict[str, Any]] = {}
@@ -195,7 +211,11 @@ class ProrlRollout:
             last = RolloutOutcome.of(dropped[-1])
             raise RewardInvalid(f"ProrlRollout: not one of {len(results)} rollouts has a valid reward (step {step}; "
                                 f"outcomes {dict(invalid)}); last: {last.describe()}", last)
-        out = self.to_trl(results, eos_id=_eos_id(trainer))
+        out = self.to_trl(results, eos_id=_eos_id(trainer), samples_per_rollout=self.samples_per_rollout,
+                          train_auxiliary=self.train_auxiliary)
+        timing.samples = sum(1 for origin in out["sample_origin"] if origin is not None)
+        timing.samples_left_out = sum(max(0, len(samples_of(r, include_auxiliary=self.train_auxiliary))
+                                          - self.samples_per_rollout) for r in results if reward_of(r) is not None)
         if self.path == "text":
             stats = self.to_text_path(out, results, self.text_tokenizer, self.text_tools)
             self.path_stats.append(stats)
@@ -254,6 +274,11 @@ class ProrlRollout:
             else:
                 groups.append((self.instance(prompt), 1))
             last = key
+        per = self.samples_per_rollout
+        if any(n % per for _, n in groups):
+            raise ValueError(f"ProrlRollout: samples_per_rollout={per} rows per rollout, but TRL passed runs of "
+                             f"{sorted({n for _, n in groups})} equal prompts (num_generations must be a multiple)")
+        groups = [(instance, n // per) for instance, n in groups]
         requests: list[JobRequest] = []
         for instance, n in groups:
             group_id, own = new_job_id("trl-"), instance.get("trajectory_id")
@@ -267,32 +292,48 @@ class ProrlRollout:
         return requests
 
     @staticmethod
-    def to_trl(results: list[dict[str, Any]], eos_id: int = 0) -> dict[str, Any]:
-        """TRL's rollout_func output from the service's results (one row each, in order).
+    def to_trl(results: list[dict[str, Any]], eos_id: int = 0, samples_per_rollout: int = 1,
+               train_auxiliary: bool = False) -> dict[str, Any]:
+        """TRL's rollout_func output from the service's results: ``samples_per_rollout`` rows
+        each, in order, from its training samples (``samples_of``: the main agent's first).
 
         A job whose reward is not valid (:func:`prorl_celery.trainer.client.reward_of`), or that ended
-        without a trajectory, gives a one-token completion masked out (``env_mask`` 0),
-        ``service_reward`` None and ``reward_valid`` False: TRL leaves a row every reward function
-        scored None out of the group's baseline, with advantage 0 (module docstring)."""
+        without a trajectory, and a row its rollout has no sample for, give a one-token
+        completion masked out (``env_mask`` 0), ``service_reward`` None and ``reward_valid`` False:
+        TRL leaves a row every reward function scored None out of the group's baseline, with
+        advantage 0 (module docstring)."""
         out: dict[str, Any] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "service_reward", "reward_valid", "outcome", "policy_versions",
-                                                "job_id", "status", "num_turns")}
+                                                "job_id", "status", "num_turns", "sample_origin")}
         for result in results:
             trajectory = result.get("trajectory") or {}
-            response = list(trajectory.get("response_ids") or [])
-            reward = reward_of(result)
-            ok = reward is not None and bool(response)
-            out["prompt_ids"].append(list(trajectory.get("prompt_ids") or [eos_id]))
-            out["completion_ids"].append(response if ok else [eos_id])
-            out["logprobs"].append([float(x) for x in trajectory["response_logprobs"]] if ok else [0.0])
-            out["env_mask"].append([int(m) for m in trajectory["response_mask"]] if ok else [0])
-            out["service_reward"].append(reward if ok else None)
-            out["reward_valid"].append(ok)
-            out["outcome"].append(RolloutOutcome.of(result).outcome)
-            out["policy_versions"].append(trajectory.get("policy_versions"))
-            out["job_id"].append(result.get("job_id"))
-            out["status"].append(result.get("status"))
-            out["num_turns"].append(len(trajectory.get("turns") or ()))
+            outcome = RolloutOutcome.of(result).outcome
+            valid = reward_of(result) is not None
+            samples = samples_of(result, include_auxiliary=train_auxiliary) if valid else []
+            for row in range(samples_per_rollout):
+                sample = samples[row] if row < len(samples) else None
+                ok = sample is not None and sample.reward is not None
+                if ok:
+                    assert sample is not None
+                    out["prompt_ids"].append(sample.prompt_ids)
+                    out["completion_ids"].append(sample.response_ids)
+                    out["logprobs"].append(sample.response_logprobs)
+                    out["env_mask"].append(sample.response_mask)
+                    out["policy_versions"].append(sample.policy_versions or trajectory.get("policy_versions"))
+                    out["num_turns"].append(sample.num_turns)
+                else:  # a placeholder: the rollout's prompt for its first row, as TRL passed it
+                    out["prompt_ids"].append(list(trajectory.get("prompt_ids") or [eos_id]) if row == 0 else [eos_id])
+                    out["completion_ids"].append([eos_id])
+                    out["logprobs"].append([0.0])
+                    out["env_mask"].append([0])
+                    out["policy_versions"].append(trajectory.get("policy_versions"))
+                    out["num_turns"].append(len(trajectory.get("turns") or ()) if row == 0 else 0)
+                out["service_reward"].append(sample.reward if ok and sample is not None else None)
+                out["reward_valid"].append(ok)
+                out["outcome"].append(outcome)
+                out["job_id"].append(result.get("job_id"))
+                out["status"].append(result.get("status"))
+                out["sample_origin"].append(sample.origin if ok and sample is not None else None)
         return out
 
     @staticmethod

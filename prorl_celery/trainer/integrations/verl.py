@@ -25,6 +25,14 @@ function. So the loop resubmits the rollout (same instance and sampling, a new j
 :class:`prorl_celery.trainer.client.RewardInvalid` naming the outcome and its detail, which stops the step
 loudly instead of training on 0.
 
+Several samples per rollout (sub-agents, rewrites; DESIGN decision 19): verl 0.9.1 takes one
+``AgentLoopOutput`` per row, so the row is the main agent's sample (the trajectory's top level)
+and every training sample of the rollout, the main one first, rides in
+``extra_fields["prorl_samples"]`` (origin, ids, mask, logprobs, reward, policy versions), which
+verl hands the trainer in its batch's ``non_tensor_batch``. Auxiliary samples (another model
+name, e.g. a small model's titles) are in it only with ``$PRORL_TRAIN_AUXILIARY`` (or
+``prorl.train_auxiliary``) set.
+
 verl pins ``transformers<5.11``: it lives in a venv of its own (``scripts/install_verl.sh``); the
 service never imports this module.
 """
@@ -37,6 +45,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from prorl_celery.trainer.client import AsyncRolloutClient, JobRequest, RewardInvalid, RolloutOutcome, reward_of
+from prorl_celery.trainer.samples import Sample, samples_of
 
 #: verl sampling keys the service's vLLM backends accept, under the same name
 SAMPLER_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
@@ -45,6 +54,14 @@ ROW_BOOKKEEPING = ("agent_name", "index", "tools_kwargs", "interaction_kwargs", 
                    "multi_modal_data", "__num_turns__", "priority")
 #: resubmissions of a rollout whose reward is not valid, unless configured
 MAX_RESUBMITS = 2
+
+
+def sample_fields(sample: Sample) -> dict[str, Any]:
+    """A training sample as plain data (verl carries ``extra_fields`` as objects to the trainer)."""
+    return {"origin": sample.origin, "index": sample.index, "model": sample.model, "parent": sample.parent,
+            "primary": sample.primary, "prompt_ids": sample.prompt_ids, "response_ids": sample.response_ids,
+            "response_mask": sample.response_mask, "response_logprobs": sample.response_logprobs,
+            "reward": sample.reward, "policy_versions": sample.policy_versions}
 
 
 def instance_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +119,10 @@ class ProrlAgentLoop(AgentLoopBase):
             raise RuntimeError("ProrlAgentLoop needs the gateway URL: set PRORL_GATEWAY_URL or prorl.gateway_url")
         return str(url)
 
+    def _train_auxiliary(self) -> bool:
+        value = self._setting("train_auxiliary", "PRORL_TRAIN_AUXILIARY")
+        return str(value).lower() in ("1", "true", "yes") if value is not None else False
+
     def _max_resubmits(self) -> int:
         value = self._setting("max_resubmits", "PRORL_MAX_RESUBMITS")
         return MAX_RESUBMITS if value is None else int(value)
@@ -148,5 +169,7 @@ class ProrlAgentLoop(AgentLoopBase):
             extra_fields={"prorl_job_id": job_id, "prorl_status": result.get("status"),
                           "prorl_outcome": RolloutOutcome.of(result).outcome, "prorl_resubmits": len(attempts) - 1,
                           "prorl_policy_versions": trajectory.get("policy_versions"),
-                          "prorl_truncated": len(trajectory.get("response_ids") or []) > len(response_ids)},
+                          "prorl_truncated": len(trajectory.get("response_ids") or []) > len(response_ids),
+                          "prorl_samples": [sample_fields(s) for s in
+                                            samples_of(result, include_auxiliary=self._train_auxiliary())]},
         )
