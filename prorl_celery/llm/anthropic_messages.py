@@ -8,7 +8,8 @@ content blocks (``thinking``, ``text``, ``tool_use``).
 
 Request to chat messages:
 
-* ``system`` (a string or text blocks, joined by a blank line): one system message;
+* ``system`` (a string or text blocks, joined by a blank line): one system message; Claude
+  Code's attribution block (``x-anthropic-billing-header: ...``, new on every request) is dropped;
 * a user message's ``text`` blocks: one user message (joined by a blank line); each
   ``tool_result`` block: a tool message (its text; ``is_error`` is not rendered), in the order
   the blocks come;
@@ -43,6 +44,10 @@ OBEYED = frozenset({"model", "messages", "system", "tools", "tool_choice", "stop
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 500: "api_error", 502: "api_error"}
 _SEP = "\n\n"
+#: Claude Code (2.1.36 on) puts ``x-anthropic-billing-header: cc_version=...; cch=<hash>;`` first in
+#: ``system``, its hash new on every request: Anthropic's server consumes it, so does this one
+#: (kept, the system message would differ on every call and each call start a new segment)
+BILLING_BLOCK = "x-anthropic-billing-header:"
 
 
 @dataclass
@@ -103,6 +108,8 @@ def to_messages(body: dict[str, Any]) -> list[Message]:
     """``system`` and ``messages`` as chat messages (see the module's docstring)."""
     out: list[Message] = []
     system = body.get("system")
+    if isinstance(system, list):  # Claude Code's per-request attribution block is not the prompt
+        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING_BLOCK))]
     if system:
         out.append(Message(role="system", content=_text_of(system, "system")))
     raw = body.get("messages")

@@ -395,8 +395,13 @@ class AgentEndpoint:
         return response
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
-                                            "owned_by": "prorl", "max_model_len": self.session.max_model_len}]}
+        """The served model, in OpenAI's list shape and Anthropic's at once (Claude Code's model
+        discovery reads ``type``, ``display_name``, ``has_more``; OpenAI clients ``object``)."""
+        now = time.time()
+        model = {"id": self.model, "object": "model", "created": int(now), "owned_by": "prorl",
+                 "max_model_len": self.session.max_model_len, "type": "model", "display_name": self.model,
+                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+        return {"object": "list", "data": [model], "has_more": False, "first_id": self.model, "last_id": self.model}
 
 
 def stop_strings(value: Any, name: str) -> list[str]:

@@ -81,6 +81,13 @@ def test_anthropic_sdk_tool_use_is_token_exact(backend, tok):
                        "metadata": {"user_id": "u"}, "extra_body": {"temperature": 1.0}}
             counted = await client.messages.count_tokens(model="claude-sonnet-4-5", system=CC_SYSTEM,
                                                          tools=CC_TOOLS, messages=messages)
+            listed = [model async for model in client.models.list()]  # Claude Code's model discovery
+            assert [m.id for m in listed] == ["policy"] and listed[0].type == "model"
+
+            def attributed(cch: str) -> list:  # Claude Code's first system block, new on every request
+                return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.90.a1b; cch={cch};"},
+                        *CC_SYSTEM]
+            request["system"] = attributed("97bd6")
             first = await client.messages.create(messages=messages, **request)
             assert first.usage.input_tokens == counted.input_tokens  # count_tokens is the template's count
             assert [b.type for b in first.content] == ["thinking", "text", "tool_use"]
@@ -92,6 +99,7 @@ def test_anthropic_sdk_tool_use_is_token_exact(backend, tok):
             messages += [{"role": "assistant", "content": as_param(first.content)},
                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                        "content": "a.txt\n"}]}]
+            request["system"] = attributed("24c2d")
             second = await client.messages.create(messages=messages, **request)
             [use2] = second.content
             assert (use2.name, use2.input) == ("Read", {"file_path": "a.txt"})

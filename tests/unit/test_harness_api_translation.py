@@ -38,6 +38,15 @@ def test_anthropic_request_becomes_chat_messages_in_block_order():
     assert (messages[3].content, messages[3].tool_call_id) == ("a.txt", "toolu_1")
 
 
+def test_claude_codes_attribution_block_is_not_part_of_the_system_prompt():
+    def system(cch: str) -> list:
+        return am.to_messages({"system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.90.a1b; cch={cch};"},
+            {"type": "text", "text": "You are Claude Code."}], "messages": [{"role": "user", "content": "hi"}]})
+    first, second = system("97bd6"), system("24c2d")  # a new hash on every request
+    assert first[0].content == second[0].content == "You are Claude Code."
+
+
 def test_anthropic_refuses_what_the_policy_cannot_do():
     with pytest.raises(EndpointRequestError, match="image"):
         am.to_messages({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})
