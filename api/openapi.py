@@ -9,7 +9,9 @@ from .schemas import (
     AddServerRequest,
     CancelRequest,
     ClearServerRequest,
+    ForkRequest,
     ProcessRequest,
+    ReplayRequest,
     SetVersionRequest,
     WaitRequest,
 )
@@ -25,6 +27,7 @@ def _reply(description: str) -> dict[str, Any]:
     return {"description": description, "content": {_JSON: {"schema": {"type": "object"}}}}
 
 
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 ERRORS = {"400": _reply("bad request: {code, message}"), "413": _reply("body over PRORL_MAX_REQUEST_BYTES"),
           "503": _reply("service_stopped (after /stop), or service_unavailable (Redis or the broker "
                         "cannot be reached: retry later)")}
@@ -48,7 +51,7 @@ def _security(path: str) -> list[dict[str, list[str]]]:
 def openapi_document() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for model in (ProcessRequest, CancelRequest, AddServerRequest, ClearServerRequest, SetVersionRequest,
-                  WaitRequest):
+                  WaitRequest, ReplayRequest, ForkRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -79,6 +82,18 @@ def openapi_document() -> dict[str, Any]:
             "responses": {"200": {"description": "results as they end",
                                   "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
                           **ERRORS}}},
+        "/jobs/{job_id}/replay": {"post": {
+            "summary": "replay a finished job through a fresh sandbox with its recorded model outputs, then EVAL "
+                       "again (202: the replay's job id; its result's `replay` says what differs)",
+            "parameters": [_JOB_ID], "responses": {"202": _reply("accepted: {job_id, status, created, replay_of}"),
+                                                   **ERRORS}}},
+        "/jobs/replay": {"post": {"summary": "replay many finished jobs (202)", "requestBody": _body("ReplayRequest"),
+                                  "responses": {"202": _reply("accepted: {jobs: [{job_id, replay_of, ...}]}"),
+                                                **ERRORS}}},
+        "/jobs/{job_id}/fork": {"post": {
+            "summary": "start count jobs sharing turns 1..turn of an ended or running job (202: the group)",
+            "parameters": [_JOB_ID], "requestBody": _body("ForkRequest"),
+            "responses": {"202": _reply("accepted: {group_id, fork_of, turn, jobs}"), **ERRORS}}},
         "/cancel": post("cancel jobs", "CancelRequest", "which jobs were cancelled"),
         "/add_llm_server": post("register an LLM backend (probed: one that does not answer is added unhealthy, "
                                 "out of routing until it does)", "AddServerRequest",

@@ -11,7 +11,7 @@ from prorl_celery.core.errors import BadRequest, Forbidden, JobNotFound
 from prorl_celery.llm.pool import probe
 from prorl_celery.state.store import JobRecord, decode_record
 from prorl_celery.state.waiting import RecordWait
-from prorl_celery.wire import job_intake
+from prorl_celery.wire import derived, job_intake
 from prorl_celery.wire.job_intake import JobSpec
 from prorl_celery.wire.results import build_result, pending_result, results_as_they_end
 
@@ -20,7 +20,9 @@ from .schemas import (
     AddServerRequest,
     CancelRequest,
     ClearServerRequest,
+    ForkRequest,
     ProcessRequest,
+    ReplayRequest,
     SetVersionRequest,
     WaitRequest,
 )
@@ -143,6 +145,37 @@ def get_job(job_id: str):
     if not 0 <= wait_s <= 3600:
         raise BadRequest("wait: must be between 0 and 3600 seconds")
     return job_response(job_id, wait_s)
+
+
+@bp.post("/jobs/<job_id>/replay")
+def replay_job(job_id: str):
+    """Re-drive a finished job's trajectory through a fresh sandbox with its recorded model
+    outputs, then EVAL again: a new job whose result's ``replay`` says what differs."""
+    services = app_services()
+    (submitted,) = submit([derived.replay_spec(services.store, services.journal, job_id)])
+    return jsonify({**accepted(submitted), "replay_of": job_id}), 202
+
+
+@bp.post("/jobs/replay")
+def replay_jobs():
+    """``replay_job`` for many finished jobs (re-scoring a data set after an evaluator fix)."""
+    services = app_services()
+    job_ids = list(dict.fromkeys(parse(ReplayRequest).job_ids))
+    specs = [derived.replay_spec(services.store, services.journal, job_id) for job_id in job_ids]
+    submitted = submit(specs)
+    return jsonify({"jobs": [{**accepted(s), "replay_of": of} for s, of in zip(submitted, job_ids)]}), 202
+
+
+@bp.post("/jobs/<job_id>/fork")
+def fork_job(job_id: str):
+    """``count`` jobs sharing turns 1..``turn`` of an ended or running job, as one group."""
+    body = parse(ForkRequest)
+    services = app_services()
+    specs = derived.fork_specs(services.store, services.journal, job_id, body.turn, body.count)
+    submitted = submit(specs)
+    group = specs[0].origin["group"] if specs[0].origin else None
+    return jsonify({"group_id": group, "fork_of": job_id, "turn": body.turn,
+                    "jobs": [accepted(s) for s in submitted]}), 202
 
 
 @bp.post("/jobs/wait")

@@ -138,3 +138,21 @@ class WaitRequest(BaseModel):
                              description="then one pending line per job still running, and the end")
     heartbeat_s: float = Field(5.0, ge=0.05, le=60,
                                description="a bare newline this often while nothing ends (keep-alive)")
+
+
+class ReplayRequest(BaseModel):
+    """``POST /jobs/replay``: replay many finished jobs (re-scoring a data set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_ids: list[Annotated[str, Field(pattern=JOB_ID_PATTERN)]] = Field(
+        min_length=1, max_length=MAX_WAIT_IDS, description="the finished jobs to replay")
+
+
+class ForkRequest(BaseModel):
+    """``POST /jobs/<id>/fork``: ``count`` jobs sharing turns 1..``turn`` of the job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int = Field(ge=0, description="the shared turns (0: the prompt only)")
+    count: int = Field(1, ge=1, le=64, description="forks to start")

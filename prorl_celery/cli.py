@@ -20,6 +20,7 @@ import threading
 import traceback
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -396,6 +397,84 @@ def _refused(error: Exception, where: str, resume: str) -> Failure:
         return Failure(f"the gateway at {where} cannot reach its Redis or broker ({message}): "
                        f"start them, then {resume}")
     return Failure(f"the gateway at {where} refused the jobs: {message}")
+
+
+@main.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--gateway", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", show_default=True, help="gateway URL")
+@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True,
+              help="longest wait for the replays to end, in seconds")
+@click.option("--token", envvar="PRORL_API_TOKEN", default=None, help="the gateway's bearer token")
+@click.option("--json", "as_json", is_flag=True, help="print each replay's result as one JSON line instead")
+@click.pass_context
+def replay(ctx: click.Context, job_ids: tuple[str, ...], gateway: str, timeout_s: float, token: str | None,
+           as_json: bool) -> None:
+    """Replay finished jobs through fresh sandboxes with their recorded model outputs (no LLM is
+    asked), run EVAL again, and say where the environment now answers differently and the reward
+    then against now. Exits 1 when any replay differs."""
+    import time
+
+    import httpx
+    _check_gateways((gateway,))
+    base = gateway.rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=base, headers=headers, timeout=60.0) as client:
+        answer = client.post("/jobs/replay", json={"job_ids": list(job_ids)})
+        if answer.status_code >= 400:
+            raise Failure(f"the gateway at {gateway} refused the replay: {_message(answer)}")
+        started = answer.json()["jobs"]
+        deadline = time.monotonic() + timeout_s
+        differ = False
+        for entry in started:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Failure(f"replay {entry['job_id']} of {entry['replay_of']} did not end within "
+                                  f"{timeout_s:g} s: raise --timeout, or GET /jobs/{entry['job_id']} later")
+                response = client.get(f"/jobs/{entry['job_id']}", params={"wait": min(left, 60.0)},
+                                      timeout=min(left, 60.0) + 30)
+                if response.status_code == 200:
+                    break
+                if response.status_code != 202:
+                    raise Failure(f"the gateway at {gateway} answered {response.status_code} for replay "
+                                  f"{entry['job_id']}: {_message(response)}")
+            result = response.json()
+            if as_json:
+                click.echo(json.dumps(result))
+            else:
+                click.echo(_replay_lines(entry["replay_of"], result))
+            report = result.get("replay") or {}
+            differ |= not report.get("identical", False) or report.get("reward_then") != report.get("reward_now")
+    ctx.exit(1 if differ else 0)
+
+
+def _message(response: Any) -> str:
+    try:
+        return str(response.json().get("message") or response.text)
+    except ValueError:
+        return response.text.strip()[:200]
+
+
+def _replay_lines(source: str, result: dict[str, Any], shown: int = 5) -> str:
+    """One line per replay, then one per difference (the first ``shown``)."""
+    report = result.get("replay") or {}
+    line = (f"{source} -> {result['job_id']}: {result['status']} ({result['outcome']}); reward then "
+            f"{report.get('reward_then')}, now {report.get('reward_now')}; {report.get('turns_replayed', 0)} turns, "
+            f"{report.get('observations_checked', 0)} observations checked, "
+            f"{report.get('observations_differing', 0)} differ")
+    lines = [line]
+    for difference in (report.get("differences") or [])[:shown]:
+        lines.append(f"  after turn {difference['turn']}: {difference['kind']}: then {_short(difference['then'])} "
+                     f"now {_short(difference['now'])}")
+    more = int(report.get("differences_total", 0)) - min(shown, len(report.get("differences") or []))
+    if more > 0:
+        lines.append(f"  ... and {more} more (--json shows them all)")
+    return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @main.group()

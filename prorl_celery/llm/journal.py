@@ -33,7 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prorl_celery.core.errors import JournalFenced, ReplayDiverged
+from prorl_celery.core.errors import BackendError, JournalFenced, ReplayDiverged
+from prorl_celery.llm.backends import Completion
 from prorl_celery.state.journal import Append, Appended, encode_event
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,19 @@ Writer = Callable[[Append], Awaitable[Appended]]
 
 #: most differences one replay keeps in full (the rest are only counted)
 MAX_DIFFERENCES = 200
+
+
+class NoModel:
+    """The backend of a replay: every model turn comes from the journal, so it is never asked."""
+
+    address = "journal"  # what the replay's trajectory names as its backend
+    protocol = "vllm"
+
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any]) -> Completion:
+        raise BackendError("a replay asks no model: every turn comes from the journal")
+
+    async def context_length(self) -> int | None:
+        return None
 
 
 def crc(ids: list[int]) -> int:

@@ -27,7 +27,7 @@ from prorl_celery.state.waiting import CompletionWaiter
 #: job record fields stored as JSON text
 JSON_FIELDS = frozenset(
     {"instance", "sampling_params", "agent_params", "ignored_params", "init_result", "run_result", "eval",
-     "trajectory", "extra", "error", "sandbox", "attempts", "resume"}
+     "trajectory", "extra", "error", "sandbox", "attempts", "resume", "origin", "origin_report"}
 )
 FLOAT_FIELDS = frozenset(
     {"created_at", "status_at", "ended_at", "budget_s", "active_s", "init_s", "run_s", "eval_s", "reward"}
@@ -88,6 +88,11 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     extra: dict[str, Any] = {}  # the handler's final_result
     #: what RUN did with the journal of an earlier attempt (prorl_celery.worker.resume)
     resume: dict[str, Any] | None = None
+    #: a job made from another's journal: {"kind": "replay" | "fork", "of": job id, ...}
+    #: (prorl_celery.wire.derived), and what its RUN found (the replay's differences, the fork's
+    #: shared turns)
+    origin: dict[str, Any] | None = None
+    origin_report: dict[str, Any] | None = None
     critical_error: str | None = None  # the stage that failed, or "timeout"
     error: str | None = None
     # how the current attempt ended (prorl_celery.core.outcomes): set by whatever ends it

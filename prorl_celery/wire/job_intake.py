@@ -37,11 +37,16 @@ class JobSpec:
     ignored: list[str]
     budget_s: float
     max_attempts: int
+    #: a replay or fork of another job (prorl_celery.wire.derived)
+    origin: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
-        return {"task": self.task, "instance": self.instance, "sampling_params": self.sampler,
-                "agent_params": self.agent, "ignored_params": self.ignored, "budget_s": self.budget_s,
-                "attempt": 1, "max_attempts": self.max_attempts}
+        fields = {"task": self.task, "instance": self.instance, "sampling_params": self.sampler,
+                  "agent_params": self.agent, "ignored_params": self.ignored, "budget_s": self.budget_s,
+                  "attempt": 1, "max_attempts": self.max_attempts}
+        if self.origin is not None:
+            fields["origin"] = self.origin
+        return fields
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ def build_result(store: JobStore, record: JobRecord) -> dict[str, Any]:
         "nodes": {stage.value: record.stage_node(stage) for stage in Stage},
         "trajectory": with_sample_rewards(record.trajectory, reward, record.eval),
         "resume": record.resume,
+        **_origin(record, reward),
         "eval": record.eval,
         "artifacts": extra.pop("artifacts", {}),
         "ignored_sampling_params": record.ignored_params,
@@ -90,6 +91,19 @@ def with_sample_rewards(trajectory: dict[str, Any] | None, reward: float | None,
     rewarded = [{**sample, "reward": None if reward is None else own.get(str(sample.get("sample", i)), reward)}
                 for i, sample in enumerate(samples)]
     return {**trajectory, "samples": rewarded}  # type: ignore[dict-item]
+
+
+def _origin(record: JobRecord, reward: float | None) -> dict[str, Any]:
+    """A replay's or fork's own field: ``replay`` (with the reward now beside the reward then)
+    or ``fork``; nothing for a job of its own."""
+    if not record.origin:
+        return {}
+    kind = record.origin.get("kind", "origin")
+    field = {**record.origin, **(record.origin_report or {})}
+    field.pop("kind", None)
+    if kind == "replay":
+        field["reward_now"] = reward
+    return {kind: field}
 
 
 def pending_result(store: JobStore, record: JobRecord, now: float | None = None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from prorl_celery.core.errors import (
     EvalUnavailable,
     JobCancelled,
     JobNotFound,
+    ReplayDiverged,
     RequirementMissing,
     StageTimeout,
     UnknownTask,
@@ -38,7 +39,7 @@ from prorl_celery.core.event_loops import Batched, loop_local, run_coro, thread_
 from prorl_celery.core.outcomes import Ending, Outcome, classify, describe
 from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.llm.backends import make_backend
-from prorl_celery.llm.journal import TurnJournal
+from prorl_celery.llm.journal import NoModel, TurnJournal
 from prorl_celery.llm.openai_endpoint import job_endpoint
 from prorl_celery.llm.pool import Assignment
 from prorl_celery.llm.session import TokenSession
@@ -48,7 +49,7 @@ from prorl_celery.state.nodes import has_live_worker, live_queues
 from prorl_celery.state.store import JobRecord, Move, Transition, outcome, retry_fields
 from prorl_celery.worker.job_sandboxes import tool_client
 from prorl_celery.worker.readiness import missing_for
-from prorl_celery.worker.resume import restarted, settle, take_journal
+from prorl_celery.worker.resume import origin_report, restarted, settle, take_journal
 from singularity.requirements import explain
 
 log = logging.getLogger(__name__)
@@ -398,21 +399,25 @@ async def wait_for_backend(services: Services, job: JobContext) -> Assignment:
     return assignment
 
 
-def open_session(services: Services, job: JobContext, assignment: Assignment,
+def open_session(services: Services, job: JobContext, assignment: Assignment | None,
                  journal: TurnJournal | None = None) -> TokenSession:
+    """The job's token session on its backend; without an assignment (a replay), on none: every
+    model turn then comes from the journal."""
     settings = services.settings
     agent = job.agent_params
     tokenizer_path = agent.get("tokenizer") or settings.tokenizer
     if not tokenizer_path:
         raise ValueError("no tokenizer: set PRORL_TOKENIZER or sampling_params.tokenizer")
-    backend = make_backend(assignment.address, assignment.protocol, timeout_s=settings.llm_timeout_s)
+    backend = make_backend(assignment.address, assignment.protocol, timeout_s=settings.llm_timeout_s) \
+        if assignment is not None else NoModel()
     return TokenSession(tokenizer=load_tokenizer(tokenizer_path), backend=backend,
                         sampling_params=job.sampling_params,
                         max_model_len=min(settings.max_model_len, agent.get("max_model_len") or settings.max_model_len),
                         default_max_tokens=settings.default_max_tokens,
                         max_output_tokens=agent.get("max_output_tokens"),
                         max_input_tokens=agent.get("max_input_tokens"),
-                        policy_version=partial(services.pool.current_version, assignment.address),
+                        policy_version=partial(services.pool.current_version, assignment.address)
+                        if assignment is not None else None,
                         journal=journal)
 
 
@@ -425,16 +430,23 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     failure: Ending | None = None
     sandbox = record.sandbox  # a fresh one replaces it when a resume diverges
     resume: dict[str, Any] | None = None
+    report: dict[str, Any] | None = None  # a replay's or a fork's
+    replay = (record.origin or {}).get("kind") == "replay"
     try:
-        if handler.uses_llm:
+        if handler.uses_llm and replay:  # the recorded model outputs only: no backend is asked
+            journal, resume = await bounded(job, cancelled, take_journal(services, handler, job, record.origin))
+            session = open_session(services, job, None, journal)
+        elif handler.uses_llm:
             # the assignment is written to the job's record as it is taken (one round trip)
             assignment = await bounded(job, cancelled, wait_for_backend(services, job))
-            journal, resume = await bounded(job, cancelled, take_journal(services, handler, job))
+            journal, resume = await bounded(job, cancelled, take_journal(services, handler, job, record.origin))
             session = open_session(services, job, assignment, journal)
             await bounded(job, cancelled, session.fit_backend_context())
         if sandbox:
             services.sandboxes.adopt(sandbox)
         await _run_handler(services, handler, job, session, sandbox, cancelled)
+        if record.origin and session is not None and session.journal is not None:
+            report = origin_report(session.journal, record.origin)
         if session is not None and session.journal is not None and session.journal.diverged is not None:
             # a replayed observation differs: from turn zero, on a fresh sandbox (INIT's steps)
             assert assignment is not None
@@ -442,7 +454,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
                         session.journal.diverged.turn)
             resume = restarted(session.journal)
             sandbox = await _fresh_start(services, handler, job, sandbox, cancelled)
-            journal, _ = await bounded(job, cancelled, take_journal(services, handler, job, fresh=True))
+            journal, _ = await bounded(job, cancelled, take_journal(services, handler, job, None, fresh=True))
             session = open_session(services, job, assignment, journal)
             await bounded(job, cancelled, session.fit_backend_context())
             await _run_handler(services, handler, job, session, sandbox, cancelled)
@@ -456,7 +468,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             "and see /status for the health of those registered")
         store.finish(job.job_id, JobStatus.TIMEOUT, attempt=job.attempt, fields=outcome(
             "timeout", reason, Ending(Outcome.TIMEOUT, Stage.RUN.value, reason), extra=_handler_extras(handler, job),
-            trajectory=session.trajectory() if session else None, resume=resume))
+            trajectory=session.trajectory() if session else None, resume=resume, origin_report=report))
         return
     except Exception as error:  # noqa: BLE001 - classed: retried, or judged by EVAL
         log.warning("RUN of job %s failed: %s", job.job_id, describe(error))
@@ -475,7 +487,7 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
     if session is not None:
         _count_tokens(services, session)
     fields = {"run_result": job.run_result, "trajectory": session.trajectory() if session else None,
-              "resume": resume, **ended}
+              "resume": resume, "origin_report": report, **ended}
     if session is not None and session.unsupported_params:  # sampler keys this backend's protocol lacks
         fields["ignored_params"] = sorted({*record.ignored_params, *session.unsupported_params})
     if (await _move(services, Move.hand_over(job.job_id, Stage.RUN, fields, attempt=job.attempt))).ok:
@@ -493,6 +505,11 @@ async def _run_handler(services: Services, handler: AgentHandler, job: JobContex
         async with tool_client(sandbox) as job.sandbox, \
                 job_endpoint(session, handler.endpoint_request(job), socket_dir, job.time_left) as job.endpoint:
             job.run_result = await bounded(job, cancelled, handler.run(job, session))
+    except ReplayDiverged as error:
+        if journal is None or (journal.strict and journal.diverged is None):
+            raise
+        if not journal.strict:  # a replay whose agent asked for a turn past the journal: it ends there
+            job.run_result = await _fallback(handler.run_exception(job, error), {"error": describe(error)})
     except Exception:
         if journal is None or journal.diverged is None:
             raise

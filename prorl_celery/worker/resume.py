@@ -21,21 +21,32 @@ from typing import Any
 from handlers import AgentHandler, JobContext
 from prorl_celery.llm.journal import TurnJournal
 from prorl_celery.services import Services
+from prorl_celery.wire.derived import shared_prefix
 
 
 def turns_in(events: list[dict[str, Any]]) -> int:
     return sum(1 for e in events if e["k"] == "gen")
 
 
-async def take_journal(services: Services, handler: AgentHandler, job: JobContext,
+async def take_journal(services: Services, handler: AgentHandler, job: JobContext, origin: dict[str, Any] | None,
                        *, fresh: bool = False) -> tuple[TurnJournal | None, dict[str, Any] | None]:
-    """This RUN's journal writer (replaying the journal's turns when it resumes), and what the
-    result says of a resume not taken; (None, None) when journaling is off."""
-    if not services.settings.journal:
-        return None, None
+    """This RUN's journal writer (replaying the journal's turns when it resumes, or the source's
+    when the job is a replay or a fork: ``origin``), and what the result says of a resume not
+    taken; (None, None) when journaling is off (a replay or fork still reads its source)."""
     store = services.journal
+    kind = (origin or {}).get("kind")
+    if not services.settings.journal and kind is None:
+        return None, None
     taken = await asyncio.to_thread(store.begin, job.job_id, job.attempt, fresh=fresh)
-    write = store.append_on_loop
+    write = store.append_on_loop if services.settings.journal else None
+    if not taken.events and kind is not None and not fresh:
+        assert origin is not None
+        source = await asyncio.to_thread(store.read, origin["of"])
+        if kind == "replay":  # every turn from the journal, never live; differences recorded
+            return TurnJournal(job.job_id, job.attempt, write, replay=source, strict=False,
+                               live_after_replay=False), None
+        # a fork: the shared turns, checked as a resume's are, then its own
+        return TurnJournal(job.job_id, job.attempt, write, replay=shared_prefix(source, origin["turn"])), None
     if not taken.events:
         return TurnJournal(job.job_id, job.attempt, write), None
     if not handler.replayable(job):
@@ -59,6 +70,19 @@ async def settle(services: Services, journal: TurnJournal) -> dict[str, Any] | N
     return {"resumed": True, "from_turn": len(replayed), "replayed_turns": len(replayed),
             "replayed_tokens": sum(len(e["ids"]) for e in replayed),
             "observations_checked": journal.checked, "unreplayed_events": journal.unreplayed}
+
+
+def origin_report(journal: TurnJournal, origin: dict[str, Any]) -> dict[str, Any]:
+    """What a replay found (observation by observation) or what a fork shared."""
+    replayed = [e for e in journal.replay[:journal.cursor] if e["k"] == "gen"]
+    if origin.get("kind") == "fork":
+        return {"shared_turns": len(replayed), "shared_tokens": sum(len(e["ids"]) for e in replayed),
+                "observations_checked": journal.checked}
+    observations = [d for d in journal.differences if d.kind.endswith("observation")]
+    return {"turns_replayed": len(replayed), "observations_checked": journal.checked,
+            "observations_differing": len(observations), "differences_total": journal.different,
+            "identical": journal.different == 0, "differences": [d.as_dict() for d in journal.differences],
+            "unreplayed_events": journal.unreplayed}
 
 
 def restarted(journal: TurnJournal) -> dict[str, Any]:

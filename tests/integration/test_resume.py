@@ -10,6 +10,10 @@ journaled turn was generated twice (only the turn in flight at the kill may be a
 
 A second test makes a tool answer differently on replay (the time): the resume meets the
 difference, restarts from turn zero on a fresh sandbox, and the result says so and where.
+
+Then jobs made from a finished job's journal: a replay (no model asked; every observation
+checked, the reward then and now; ``prorl replay`` too) and forks at turn k (the shared turns
+taken from the journal, never generated again, the sandbox state rebuilt by replay).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -146,3 +152,81 @@ def test_an_observation_that_differs_on_replay_restarts_from_turn_zero(cluster, 
     assert resume["resumed"] is False and resume["restarted"] is True, resume
     assert resume["diverged_at_turn"] == 3 and resume["difference"]["kind"] == "observation", resume
     assert result["trajectory"]["num_turns"] == TURNS
+
+
+# -- replay and fork: jobs made from a finished job's journal --------------------------------------
+
+def finished_job(gateway: Gateway, tag: str, n: int) -> dict:
+    result = gateway.result(gateway.submit(math_job(tag, n)), wait=120)
+    assert result["status"] == "completed", result["error"]
+    return result
+
+
+def test_replay_reproduces_every_observation_and_the_reward_without_asking_the_model(cluster, llm, tokenizer):
+    llm.reset()
+    with Gateway(cluster) as gateway:
+        source = finished_job(gateway, "RESUME-STATEFUL", 10)
+        asked = len(llm.log())
+        accepted = gateway.post(f"/jobs/{source['job_id']}/replay")
+        assert accepted.status_code == 202, accepted.text
+        result = gateway.result(accepted.json()["job_id"], wait=120)
+    assert len(llm.log()) == asked  # no model was asked: every turn came from the journal
+    report = result["replay"]
+    assert report["of"] == source["job_id"] and report["identical"] is True, report
+    assert report["observations_checked"] == TURNS - 1 and report["turns_replayed"] == TURNS
+    assert report["reward_then"] == report["reward_now"] == result["reward"] == 1.0
+    for field in ("prompt_ids", "response_ids", "response_logprobs", "response_mask"):
+        assert result["trajectory"][field] == source["trajectory"][field], field
+    assert result["trajectory"]["backend"] == "journal"
+
+
+def test_replay_names_the_observation_that_differs_and_the_cli_says_so(cluster, llm, tokenizer):
+    llm.reset()
+    with Gateway(cluster) as gateway:
+        source = finished_job(gateway, "RESUME-CLOCK", 11)
+        steady = finished_job(gateway, "RESUME-STATEFUL", 12)
+        missing = gateway.post("/jobs/no-such-job/replay")
+        assert missing.status_code == 404, missing.text
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    replay = subprocess.run([sys.executable, "-m", "prorl_celery.cli", "replay", source["job_id"], steady["job_id"],
+                             "--gateway", cluster.gateway_url, "--json"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert replay.returncode == 1, replay.stderr  # a replay differs
+    clock, stateful = (json.loads(line) for line in replay.stdout.splitlines())
+    differences = clock["replay"]["differences"]
+    assert [(d["turn"], d["kind"]) for d in differences] == [(3, "observation")], differences
+    assert clock["replay"]["observations_differing"] == 1 and clock["replay"]["observations_checked"] == TURNS - 1
+    assert stateful["replay"]["identical"] is True
+    lines = subprocess.run([sys.executable, "-m", "prorl_celery.cli", "replay", source["job_id"], "--gateway",
+                            cluster.gateway_url], capture_output=True, text=True, timeout=300, env=env)
+    assert "1 differ" in lines.stdout and "after turn 3: observation" in lines.stdout, lines.stdout
+    unknown = subprocess.run([sys.executable, "-m", "prorl_celery.cli", "replay", "no-such-job", "--gateway",
+                              cluster.gateway_url], capture_output=True, text=True, timeout=120, env=env)
+    assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
+    assert "no job with id 'no-such-job'" in unknown.stderr
+
+
+def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm, tokenizer):
+    llm.reset()
+    k, n = 3, 3
+    with Gateway(cluster) as gateway:
+        source = finished_job(gateway, "RESUME-STATEFUL", 13)
+        served_source = len(requests_of(llm, "RESUME-STATEFUL", 13, tokenizer))
+        accepted = gateway.post(f"/jobs/{source['job_id']}/fork", json={"turn": k, "count": n})
+        assert accepted.status_code == 202, accepted.text
+        group = accepted.json()
+        forks = [gateway.result(job["job_id"], wait=120) for job in group["jobs"]]
+        too_far = gateway.post(f"/jobs/{source['job_id']}/fork", json={"turn": TURNS + 1, "count": 1})
+        assert too_far.status_code == 400 and "journaled turns" in too_far.json()["message"]
+    assert served_source == TURNS
+    source_turns = source["trajectory"]["turns"]
+    shared = source_turns[k]["context_len"]  # prompt and response ids of turns 1..k and their observations
+    source_ids = source["trajectory"]["prompt_ids"] + source["trajectory"]["response_ids"]
+    for fork in forks:
+        assert fork["status"] == "completed" and fork["reward"] == 1.0, fork["error"]
+        assert fork["fork"]["group"] == group["group_id"] and fork["fork"]["shared_turns"] == k, fork["fork"]
+        ids = fork["trajectory"]["prompt_ids"] + fork["trajectory"]["response_ids"]
+        assert ids[:shared] == source_ids[:shared]
+        assert fork["trajectory"]["turns"][:k] == source_turns[:k]
+    # each fork asked the model only for its own turns, k + 1 .. TURNS
+    assert len(requests_of(llm, "RESUME-STATEFUL", 13, tokenizer)) == TURNS + n * (TURNS - k)
