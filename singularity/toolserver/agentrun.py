@@ -9,8 +9,8 @@ port to it, so any program works with ``OPENAI_BASE_URL=http://127.0.0.1:<port>/
 * reads its configuration and deletes the file (the job's key is not left on disk):
   ``{"socket", "key", "argv" | "shell", "cwd", "env", "log", "host", "port", "model"}``;
 * starts the program in a session of its own with ``OPENAI_BASE_URL``, ``OPENAI_API_BASE``,
-  ``OPENAI_API_KEY`` and ``PRORL_LLM_MODEL`` set (the key reaches this program only), its
-  output to ``log``;
+  ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL`` (without ``/v1``), ``ANTHROPIC_API_KEY`` and
+  ``PRORL_LLM_MODEL`` set (the key reaches this program only), its output to ``log``;
 * long-polls the endpoint's ``/_prorl/control``: when the job wants the program to end (a limit
   was reached, the job was cancelled, the endpoint closed) or this runner is interrupted, the
   program's process group gets SIGTERM, then SIGKILL after ``grace_s``;
@@ -140,6 +140,8 @@ def run(config: dict) -> dict:
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (config.get("env") or {}).items()})
     env.update({"OPENAI_BASE_URL": base, "OPENAI_API_BASE": base, "OPENAI_API_KEY": config["key"],
+                # Anthropic's SDKs (and Claude Code) append /v1/messages to the base URL themselves
+                "ANTHROPIC_BASE_URL": f"http://{forwarder.host}:{port}", "ANTHROPIC_API_KEY": config["key"],
                 "PRORL_LLM_MODEL": str(config.get("model", "policy"))})
     argv = config.get("argv") or ["/bin/sh", "-c", config["shell"]]
     log_path = config.get("log") or os.devnull

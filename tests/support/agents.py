@@ -197,3 +197,60 @@ title = client.chat.completions.create(model=model + "-small", messages=[
 answer = converse("MAIN-SYS You lead.", task, [function("task", "run a sub-agent", prompt="")], sub_agent)
 open("answer.txt", "w").write(answer + "\n" + title.choices[0].message.content)
 '''
+
+#: the scripted model's answers to the Anthropic and Responses agents below
+API_AGENT_RULES = [
+    {"match": "CLAUDE-SDK-AGENT|RESPONSES-AGENT", "scope": "prompt", "replies": [
+        "<think>\nUse the tool.\n</think>\n\nI will compute it.\n" + tool_call("python", code="print(6 * 7)"),
+        "The answer is \\boxed{42}."]},
+]
+
+#: an ``anthropic`` SDK agent (Claude Code's API): a custom tool, streaming, thinking blocks sent back
+ANTHROPIC_AGENT = r'''
+import os, subprocess, sys
+import anthropic
+
+client = anthropic.Anthropic()  # ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY come from the environment
+tools = [{"name": "python", "description": "run Python code",
+          "input_schema": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}]
+messages = [{"role": "user", "content": "CLAUDE-SDK-AGENT " + open(os.environ["PRORL_TASK_FILE"]).read()}]
+for _ in range(5):
+    with client.messages.stream(model="claude-sonnet-4-5", max_tokens=512, tools=tools, messages=messages,
+                                system=[{"type": "text", "text": "You solve problems with a python tool."}]) as stream:
+        message = stream.get_final_message()
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
+    uses = [b for b in message.content if b.type == "tool_use"]
+    if message.stop_reason != "tool_use":
+        open("answer.txt", "w").write("".join(b.text for b in message.content if b.type == "text"))
+        break
+    messages.append({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": use.id,
+         "content": subprocess.run([sys.executable, "-c", use.input["code"]], capture_output=True, text=True).stdout}
+        for use in uses]})
+print("done")
+'''
+
+#: an ``openai`` SDK agent on the Responses API (Codex's API): streaming, chained by previous_response_id
+RESPONSES_AGENT = r'''
+import json, os, subprocess, sys
+from openai import OpenAI
+
+client = OpenAI()
+tools = [{"type": "function", "name": "python", "description": "run Python code", "strict": False,
+          "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}]
+task = "RESPONSES-AGENT " + open(os.environ["PRORL_TASK_FILE"]).read()
+previous, items = None, [{"role": "user", "content": task}]
+for _ in range(5):
+    stream = client.responses.create(model=os.environ["PRORL_LLM_MODEL"], instructions="You solve problems.",
+                                     tools=tools, input=items, previous_response_id=previous, stream=True)
+    done = [event for event in stream if event.type == "response.completed"][0].response
+    calls = [item for item in done.output if item.type == "function_call"]
+    if not calls:
+        open("answer.txt", "w").write(done.output_text)
+        break
+    previous, items = done.id, [
+        {"type": "function_call_output", "call_id": call.call_id,
+         "output": subprocess.run([sys.executable, "-c", json.loads(call.arguments)["code"]],
+                                  capture_output=True, text=True).stdout} for call in calls]
+print("done")
+'''
