@@ -278,8 +278,17 @@ async def create(endpoint: AgentEndpoint, body: dict[str, Any]) -> tuple[dict[st
     endpoint._admit()
     request = parse(body)
     overrides = endpoint._overrides(body, OBEYED, caps=("max_tokens",))
-    turn = await endpoint.converse(request.messages, request.tools, parse_tools=request.parse_tools,
-                                   overrides=overrides, kind="messages", model=request.model, stop=request.stop)
+    from prorl_celery.llm.openai_endpoint import EndpointRefused  # the module that serves this one
+
+    try:
+        turn = await endpoint.converse(request.messages, request.tools, parse_tools=request.parse_tools,
+                                       overrides=overrides, kind="messages", model=request.model, stop=request.stop)
+    except EndpointRefused as refusal:
+        if refusal.code == "context_length_exceeded":  # Anthropic's words: Claude Code looks for them
+            session = endpoint.session
+            refusal.message = (f"prompt is too long: {len(session.context_ids)} tokens > {session.max_model_len} "
+                               f"maximum ({refusal.message})")
+        raise
     return response(turn, request.model or endpoint.model), request.stream
 
 

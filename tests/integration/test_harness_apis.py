@@ -211,6 +211,21 @@ def test_anthropic_history_rewrite_drifts_and_errors_are_anthropic_shaped(backen
     check_exact(trajectory, log)
 
 
+def test_a_full_context_is_refused_in_anthropics_words(backend, tok):
+    async def main():
+        async with Harness(backend, tok) as h:
+            h.session.max_model_len = 40
+            with pytest.raises(anthropic.BadRequestError) as full:  # Claude Code compacts on these words
+                await claude(h).messages.create(model="claude-sonnet-4-5", max_tokens=100,
+                                                messages=[{"role": "user", "content": "CC-TOOLS " * 30}])
+            return full.value.body["error"]
+
+    error = asyncio.run(main())
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("prompt is too long:") and "tokens > 40 maximum" in error["message"]
+    assert log_of(backend) == []
+
+
 def test_responses_codex_style_full_history_is_token_exact(backend, tok):
     async def main():
         async with Harness(backend, tok) as h:
