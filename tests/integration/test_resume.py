@@ -54,9 +54,9 @@ CLOCK = [tool_call("print(1)"), tool_call("print(2)"), tool_call("import time; p
 
 @pytest.fixture(scope="module")
 def llm(qwen3_tokenizer, tmp_path_factory) -> LLMServer:
-    """A scripted server whose replies take 0.6 s each, so a kill lands mid-rollout."""
-    rules = rules_file([{"match": "RESUME-STATEFUL", "scope": "prompt", "replies": STATEFUL, "delay_s": 0.6},
-                        {"match": "RESUME-CLOCK", "scope": "prompt", "replies": CLOCK, "delay_s": 0.6}])
+    """A scripted server whose replies take 0.4 s each, so a kill lands mid-rollout."""
+    rules = rules_file([{"match": "RESUME-STATEFUL", "scope": "prompt", "replies": STATEFUL, "delay_s": 0.4},
+                        {"match": "RESUME-CLOCK", "scope": "prompt", "replies": CLOCK, "delay_s": 0.4}])
     server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("resume-llm"), "resume", rules=rules)
     yield server
     server.process.stop()
@@ -140,6 +140,7 @@ def test_a_killed_run_worker_resumes_each_rollout_at_its_last_journaled_turn(clu
         assert 0 < state.ttl(keys.journal(jobs[n])) <= state.ttl(keys.job(jobs[n])) + 1  # expires with the job
 
 
+@pytest.mark.extended  # ~25 s: a whole rollout twice over, after the kill
 def test_an_observation_that_differs_on_replay_restarts_from_turn_zero(cluster, llm, tokenizer):
     llm.reset()
     with Gateway(cluster) as gateway:
