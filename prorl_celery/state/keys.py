@@ -7,7 +7,8 @@ prorl:job:<id>                     hash    job record: task, status, payload, st
                                            timer (budget_s, active_s, resumed_at), stage
                                            durations (init_s, run_s, eval_s), backend, result,
                                            lease_until of the executing stage, <stage>_node
-                                           (where it ran), run_queue (run.<node> if node-local)
+                                           (where it ran), run_queue (run.<node> if node-local),
+                                           prefer_backend (a fork's: routed there while healthy)
 prorl:job:<id>:journal             list    the job's per-turn journal (state/journal.py): one
                                            JSON event a line (prompt, model turn, tool action,
                                            observation, segment); expires with the job

@@ -8,7 +8,9 @@ the reward now (re-scoring after an evaluator fix, or debugging a reward).
 A **fork** starts ``count`` jobs that share turns 1..k of an ended or running job: the same
 prompt and response ids (taken from the journal, never generated again) and the same sandbox
 state (rebuilt by replaying the journaled actions on a fresh sandbox); each then goes on with
-its own sampling. They form a group, ``<job>-fork<k>-<tag>``, with ids ``<group>-<i>``.
+its own sampling. They form a group, ``<job>-fork<k>-<tag>``, with ids ``<group>-<i>``, and are routed to the
+source's backend while it is registered and healthy (``prefer_backend``), whose prefix cache holds
+the shared turns.
 
 Both are ordinary jobs (INIT, RUN, EVAL) whose record names where they come from (``origin``);
 RUN reads the source's journal (``prorl_celery.worker.resume``).
@@ -72,7 +74,7 @@ def fork_specs(store: JobStore, journal: JournalStore, job_id: str, turn: int, c
         origin = {"kind": "fork", "of": job_id, "turn": turn, "group": group, "index": i}
         specs.append(JobSpec(f"{group}-{i}", record.task, {**record.instance, "trajectory_id": i}, sampler,
                              record.agent_params, record.ignored_params, record.budget_s, record.max_attempts,
-                             origin))
+                             origin, prefer_backend=record.backend))
     return specs
 
 

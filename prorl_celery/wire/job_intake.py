@@ -39,6 +39,8 @@ class JobSpec:
     max_attempts: int
     #: a replay or fork of another job (prorl_celery.wire.derived)
     origin: dict[str, Any] | None = None
+    #: the backend to route RUN to while it is registered and healthy (a fork's: its source's)
+    prefer_backend: str | None = None
 
     def record(self) -> dict[str, Any]:
         fields = {"task": self.task, "instance": self.instance, "sampling_params": self.sampler,
@@ -46,6 +48,8 @@ class JobSpec:
                   "attempt": 1, "max_attempts": self.max_attempts}
         if self.origin is not None:
             fields["origin"] = self.origin
+        if self.prefer_backend:
+            fields["prefer_backend"] = self.prefer_backend
         return fields
 
 

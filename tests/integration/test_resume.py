@@ -13,7 +13,8 @@ difference, restarts from turn zero on a fresh sandbox, and the result says so a
 
 Then jobs made from a finished job's journal: a replay (no model asked; every observation
 checked, the reward then and now; ``prorl replay`` too) and forks at turn k (the shared turns
-taken from the journal, never generated again, the sandbox state rebuilt by replay).
+taken from the journal, never generated again, the sandbox state rebuilt by replay, routed to
+the source's backend).
 """
 from __future__ import annotations
 
@@ -58,6 +59,15 @@ def llm(qwen3_tokenizer, tmp_path_factory) -> LLMServer:
     rules = rules_file([{"match": "RESUME-STATEFUL", "scope": "prompt", "replies": STATEFUL, "delay_s": 0.4},
                         {"match": "RESUME-CLOCK", "scope": "prompt", "replies": CLOCK, "delay_s": 0.4}])
     server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("resume-llm"), "resume", rules=rules)
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture(scope="module")
+def second_llm(qwen3_tokenizer, tmp_path_factory) -> LLMServer:
+    """Another backend with the same rules: forks must not be routed to it."""
+    rules = rules_file([{"match": "RESUME", "scope": "prompt", "replies": STATEFUL}])
+    server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("resume-llm2"), "resume2", rules=rules)
     yield server
     server.process.stop()
 
@@ -207,16 +217,21 @@ def test_replay_names_the_observation_that_differs_and_the_cli_says_so(cluster, 
     assert "no job with id 'no-such-job'" in unknown.stderr
 
 
-def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm, tokenizer):
+def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm, second_llm, tokenizer):
     llm.reset()
     k, n = 3, 3
     with Gateway(cluster) as gateway:
         source = finished_job(gateway, "RESUME-STATEFUL", 13)
         served_source = len(requests_of(llm, "RESUME-STATEFUL", 13, tokenizer))
-        accepted = gateway.post(f"/jobs/{source['job_id']}/fork", json={"turn": k, "count": n})
-        assert accepted.status_code == 202, accepted.text
-        group = accepted.json()
-        forks = [gateway.result(job["job_id"], wait=120) for job in group["jobs"]]
+        # an idle backend: the least-assigned routing would send the forks there
+        assert gateway.post("/add_llm_server", json={"address": second_llm.address()}).status_code == 200
+        try:
+            accepted = gateway.post(f"/jobs/{source['job_id']}/fork", json={"turn": k, "count": n})
+            assert accepted.status_code == 202, accepted.text
+            group = accepted.json()
+            forks = [gateway.result(job["job_id"], wait=120) for job in group["jobs"]]
+        finally:
+            gateway.post("/clear_llm_server", json={"address": second_llm.address()})
         too_far = gateway.post(f"/jobs/{source['job_id']}/fork", json={"turn": TURNS + 1, "count": 1})
         assert too_far.status_code == 400 and "journaled turns" in too_far.json()["message"]
     assert served_source == TURNS
@@ -226,6 +241,7 @@ def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm,
     for fork in forks:
         assert fork["status"] == "completed" and fork["reward"] == 1.0, fork["error"]
         assert fork["fork"]["group"] == group["group_id"] and fork["fork"]["shared_turns"] == k, fork["fork"]
+        assert fork["backend"] == source["backend"]  # where the shared prefix is cached
         ids = fork["trajectory"]["prompt_ids"] + fork["trajectory"]["response_ids"]
         assert ids[:shared] == source_ids[:shared]
         assert fork["trajectory"]["turns"][:k] == source_turns[:k]

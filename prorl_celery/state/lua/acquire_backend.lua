@@ -7,7 +7,9 @@
 -- KEYS[6..] prorl:job:<id>        (optional) the jobs' records: each job's assignment is written
 --                                 there (backend, backend_protocol, generation) while the job is
 --                                 in status ARGV[1] on its attempt ARGV[1 + i], as store.update's
---                                 guard would
+--                                 guard would; a record's prefer_backend (a fork's: its source's
+--                                 backend, whose cache holds the shared prefix) is taken instead of
+--                                 the least-assigned one while it is registered and healthy
 -- Returns {address, protocol, generation} per job, flat (one triple without job keys), or false
 -- when no healthy backend is registered (the job waits, as with none registered).
 local ROUTE_KEYS = 5
@@ -33,12 +35,20 @@ end
 
 local reply = {}
 for i = 1, jobs do
-  local address = lowest()
+  local job_key = KEYS[ROUTE_KEYS + i]
+  local address = nil
+  if job_key then
+    local prefer = redis.call('HGET', job_key, 'prefer_backend')
+    if prefer and prefer ~= '' and redis.call('ZSCORE', KEYS[1], prefer)
+        and redis.call('SISMEMBER', KEYS[5], prefer) == 0 then
+      address = prefer
+    end
+  end
+  address = address or lowest()
   if not address then return false end
   redis.call('ZINCRBY', KEYS[1], 1, address)
   redis.call('HINCRBY', KEYS[3], address, 1)
   local protocol = redis.call('HGET', KEYS[2], address) or 'vllm'
-  local job_key = KEYS[ROUTE_KEYS + i]
   if job_key then
     local job = redis.call('HMGET', job_key, 'status', 'attempt')
     if job[1] == ARGV[1] and (job[2] or '1') == ARGV[1 + i] then
