@@ -144,6 +144,33 @@ def load_script(client: redis.Redis, name: str):
     return client.register_script(source)
 
 
+def run_script_many(client: redis.Redis, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+    """``script`` once per ``(keys, args)`` in ``calls``, in one round trip; the replies in order.
+
+    By the script's SHA alone: redis-py's pipeline first asks ``SCRIPT EXISTS`` for the scripts
+    it carries, a round trip more per pipeline (on both sides: a batched hand-over, a grouped
+    submit). A server that lacks the script (restarted, or its cache flushed) answers NOSCRIPT to
+    those calls only, which are sent again once the script is loaded. Raises the first error
+    among the replies, as a pipeline does."""
+    pipe = client.pipeline(transaction=False)
+    for call_keys, args in calls:
+        pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+    replies = pipe.execute(raise_on_error=False)
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis.exceptions.NoScriptError)]
+    if missing:
+        script.sha = client.script_load(script.script)
+        again = client.pipeline(transaction=False)
+        for i in missing:
+            call_keys, args = calls[i]
+            again.evalsha(script.sha, len(call_keys), *call_keys, *args)
+        for i, reply in zip(missing, again.execute(raise_on_error=False)):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
 #: the stages whose queues workers consume without acks (``celery_app``): a message that leaves
 #: the queue and is never claimed is found through the index of the jobs waiting for them
 #: (``keys.unclaimed``) and published again (``leases.republish_lost``)
@@ -283,13 +310,10 @@ class JobStore:
 
     def create_many(self, jobs: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, JobStatus]]:
         """``create`` for many jobs in one round trip; each is created (or found) on its own."""
-        if len(jobs) == 1:  # one EVALSHA: a pipeline would first ask SCRIPT EXISTS (a round trip more)
+        if len(jobs) == 1:
             return [self.create(*jobs[0])]
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id, fields in jobs:
-            self._create(keys=self._create_keys(job_id), args=[job_id, RECENT_JOBS_KEPT, *_encode(fields)],
-                         client=pipe)
-        replies = pipe.execute()
+        replies = run_script_many(self.redis, self._create, [
+            (self._create_keys(job_id), [job_id, RECENT_JOBS_KEPT, *_encode(fields)]) for job_id, fields in jobs])
         if any(created == -1 for created, _ in replies):
             raise ServiceStopped("the service is stopped; POST /start to accept jobs again")
         return [(bool(created), JobStatus(status)) for created, status in replies]
@@ -351,15 +375,12 @@ class JobStore:
         deadline = time.monotonic() + REDIS_OUTAGE_S
         while True:
             try:
-                if len(pending) == 1:  # a pipeline would first ask SCRIPT EXISTS (a round trip more)
+                if len(pending) == 1:
                     job_keys, args, _ = calls[pending[0]]
                     replies = [self._transition(keys=job_keys, args=args)]
                 else:
-                    pipe = self.redis.pipeline(transaction=False)
-                    for i in pending:
-                        job_keys, args, _ = calls[i]
-                        self._transition(keys=job_keys, args=args, client=pipe)
-                    replies = pipe.execute()
+                    replies = run_script_many(self.redis, self._transition,
+                                              [(calls[i][0], calls[i][1]) for i in pending])
                 break
             except (redis.ConnectionError, redis.TimeoutError):
                 if time.monotonic() > deadline:
