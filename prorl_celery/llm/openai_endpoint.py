@@ -64,6 +64,7 @@ OBEYED = frozenset({"model", "messages", "tools", "tool_choice", "stream", "stre
                     "top_logprobs", "max_tokens", "max_completion_tokens", "n", "prompt", "return_token_ids",
                     "echo", "stop"})
 MAX_BODY_BYTES = 64 * 2**20
+KEEPALIVE_S = 15.0
 
 
 class EndpointRefused(Exception):
@@ -103,6 +104,9 @@ class AgentEndpoint:
         self.call_log: list[dict[str, Any]] = []
         #: the Responses API's served responses, for ``previous_response_id``
         self.responses = responses_api.ResponseStore()
+        #: a streamed Messages/Responses call whose turn takes longer than this starts its stream
+        #: and sends a keepalive event this often (Codex drops a stream silent for 300 s)
+        self.keepalive_s = KEEPALIVE_S
         self.closed: str | None = None
         self.stop_reason: str | None = None
         self._stop = asyncio.Event()
@@ -512,6 +516,62 @@ def create_app(endpoint: AgentEndpoint) -> Any:
                 yield f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
         return StreamingResponse(lines(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
+    async def streamed(kind: str, body: dict[str, Any]) -> Any:
+        """A streamed Messages or Responses call. A turn done within ``keepalive_s`` (every
+        refusal is) answers as the non-streamed call would, status code included; a longer one
+        starts its stream at once and sends a keepalive event every ``keepalive_s`` (Anthropic's
+        ``ping``; the Responses API's ``response.created`` then ``response.in_progress``), and a
+        refusal that comes later is an error event in the stream."""
+        pending: dict[str, Any] | None = None
+        if kind == "messages":
+            task = asyncio.ensure_future(anthropic_messages.create(endpoint, body))
+        else:
+            response_id = responses_api.new_id()
+            pending = responses_api.pending(response_id, body, endpoint.model)
+            task = asyncio.ensure_future(responses_api.create(endpoint, body, response_id=response_id))
+
+        def events_of(response: dict[str, Any], sent: int) -> list[tuple[str, dict[str, Any]]]:
+            if kind == "messages":
+                return anthropic_messages.stream_events(response)
+            return responses_api.stream_events(response, skip_start=sent > 0, first_number=sent)
+
+        await asyncio.wait({task}, timeout=endpoint.keepalive_s)
+        if task.done():
+            return named_sse(events_of(task.result()[0], 0))
+
+        async def lines() -> AsyncIterator[bytes]:
+            def event(name: str, data: dict[str, Any]) -> bytes:
+                return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+            sent = 0  # keepalive events so far
+            try:
+                while not task.done():
+                    if pending is None:
+                        yield event("ping", {"type": "ping"})
+                        sent += 1
+                    else:
+                        for name, data in responses_api.keepalive_events(pending, first=not sent, number=sent):
+                            yield event(name, data)
+                            sent += 1
+                    await asyncio.wait({task}, timeout=endpoint.keepalive_s)
+                try:
+                    response = task.result()[0]
+                except EndpointRefused as refusal:
+                    failed = refusal
+                except (EndpointRequestError, ValueError) as problem:
+                    failed = EndpointRefused(400, "invalid_request", str(problem))
+                else:
+                    for name, data in events_of(response, sent):
+                        yield event(name, data)
+                    return
+                if pending is None:
+                    yield event("error", anthropic_messages.error_body(failed.status, failed.message))
+                else:
+                    yield event(*responses_api.failed_event(pending, failed.code, failed.message, sent))
+            finally:
+                if not task.done():  # the agent went away: its call ends too
+                    task.cancel()
+        return StreamingResponse(lines(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
     async def call(request: Request, kind: str) -> Any:
         dialect = "anthropic" if kind in ("messages", "count_tokens") else "openai"
         if not endpoint.authorized(request.headers):
@@ -527,16 +587,14 @@ def create_app(endpoint: AgentEndpoint) -> Any:
                 response, _ = await endpoint.completion(body)
                 if body.get("stream"):
                     return sse(completion_chunks(response, include_usage))
-            elif kind == "messages":
-                response, stream = await anthropic_messages.create(endpoint, body)
-                if stream:
-                    return named_sse(anthropic_messages.stream_events(response))
             elif kind == "count_tokens":
                 response = anthropic_messages.count_tokens(endpoint, body)
+            elif body.get("stream"):
+                return await streamed(kind, body)
+            elif kind == "messages":
+                response, _ = await anthropic_messages.create(endpoint, body)
             else:
-                response, stream = await responses_api.create(endpoint, body)
-                if stream:
-                    return named_sse(responses_api.stream_events(response))
+                response, _ = await responses_api.create(endpoint, body)
             return JSONResponse(response)
         except EndpointRefused as refusal:
             return error(refusal, dialect)

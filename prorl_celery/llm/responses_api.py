@@ -238,12 +238,39 @@ def output_items(reply: Reply, custom_tools: frozenset[str] = frozenset()) -> li
     return items
 
 
-def response(turn: Turn, body: dict[str, Any], request: ResponsesRequest, model: str) -> dict[str, Any]:
+def new_id() -> str:
+    return _id("resp")
+
+
+def pending(response_id: str, body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The response being generated, as ``response.created`` shows it before the turn is done."""
+    named = body.get("model")
+    return {"id": response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+            "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+            "model": named if isinstance(named, str) else model, "output": [], "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [], "usage": None}
+
+
+def keepalive_events(started: dict[str, Any], *, first: bool, number: int) -> list[tuple[str, dict[str, Any]]]:
+    """What a stream sends while its turn is generated, numbered from ``number``:
+    ``response.created`` and ``response.in_progress`` first, then ``response.in_progress`` again."""
+    kinds = ["response.created", "response.in_progress"] if first else ["response.in_progress"]
+    return [(kind, {"type": kind, "sequence_number": number + i, "response": started}) for i, kind in enumerate(kinds)]
+
+
+def failed_event(started: dict[str, Any], code: str, message: str, number: int) -> tuple[str, dict[str, Any]]:
+    """``response.failed`` for a call refused after its stream started."""
+    failed = {**started, "status": "failed", "error": {"code": code, "message": message}}
+    return "response.failed", {"type": "response.failed", "sequence_number": number, "response": failed}
+
+
+def response(turn: Turn, body: dict[str, Any], request: ResponsesRequest, model: str,
+             response_id: str | None = None) -> dict[str, Any]:
     """The ``response`` object of one served turn."""
     incomplete = turn.reply.finish_reason == "length"
     output = len(turn.generation.token_ids)
     return {
-        "id": _id("resp"), "object": "response", "created_at": int(time.time()),
+        "id": response_id or new_id(), "object": "response", "created_at": int(time.time()),
         "status": "incomplete" if incomplete else "completed", "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
@@ -261,7 +288,8 @@ def response(turn: Turn, body: dict[str, Any], request: ResponsesRequest, model:
     }
 
 
-def stream_events(done: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def stream_events(done: dict[str, Any], *, skip_start: bool = False,
+                  first_number: int = 0) -> list[tuple[str, dict[str, Any]]]:
     """The SSE events of one finished response: ``response.created``, ``response.in_progress``,
     per output item ``response.output_item.added``, its content/argument deltas and dones,
     ``response.output_item.done``, then ``response.completed`` (``response.incomplete`` when cut
@@ -269,11 +297,12 @@ def stream_events(done: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     events: list[tuple[str, dict[str, Any]]] = []
 
     def emit(kind: str, **fields: Any) -> None:
-        events.append((kind, {"type": kind, "sequence_number": len(events), **fields}))
+        events.append((kind, {"type": kind, "sequence_number": first_number + len(events), **fields}))
 
-    pending = {**done, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    emit("response.created", response=pending)
-    emit("response.in_progress", response=pending)
+    in_progress = {**done, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    if not skip_start:  # a stream that sent them while the turn was generated does not again
+        emit("response.created", response=in_progress)
+        emit("response.in_progress", response=in_progress)
     for index, item in enumerate(done["output"]):
         kind, at = item["type"], {"item_id": item["id"], "output_index": index}
         opened = {**item, "status": "in_progress", "content": []}
@@ -307,15 +336,17 @@ def stream_events(done: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 # -- the calls ----------------------------------------------------------------------------------------
 
-async def create(endpoint: AgentEndpoint, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """One ``POST /v1/responses``: (the response, whether the agent asked for a stream)."""
+async def create(endpoint: AgentEndpoint, body: dict[str, Any],
+                 response_id: str | None = None) -> tuple[dict[str, Any], bool]:
+    """One ``POST /v1/responses``: (the response, whether the agent asked for a stream);
+    ``response_id`` names it (a stream announced it before the turn was done)."""
     endpoint._admit()
     request = parse(body, endpoint.responses)
     endpoint.ignored_params |= request.ignored
     overrides = endpoint._overrides(body, OBEYED, caps=("max_output_tokens",))
     turn = await endpoint.converse(request.messages, request.tools, parse_tools=request.parse_tools,
                                    overrides=overrides, kind="responses", model=request.model)
-    served = response(turn, body, request, request.model or endpoint.model)
+    served = response(turn, body, request, request.model or endpoint.model, response_id)
     if body.get("store", True) is not False:
         endpoint.responses.put(served, request.items)
     return served, request.stream

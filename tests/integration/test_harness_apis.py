@@ -25,6 +25,8 @@ RULES = [
         "<think>\nList the files first.\n</think>\n\nListing first.\n" + call("Bash", command="ls"),
         call("Read", file_path="a.txt"), "All done: a.txt says hello."]},
     {"match": "CC-STOP", "scope": "prompt", "replies": ["The answer is 42. END and more words after it."]},
+    {"match": "SLOW-TURN", "scope": "prompt", "replies": ["Thought about it for a while."], "delay_s": 1.0},
+    {"match": "STUCK-TURN", "scope": "prompt", "replies": ["never"], "delay_s": 60},
     {"match": "CX-TOOLS", "scope": "prompt", "replies": [
         "I will look.\n" + call("shell", command=["ls"]), call("apply_patch", input="*** Begin Patch\n*** End Patch"),
         "Patched."]},
@@ -319,3 +321,38 @@ def test_responses_rewritten_history_drifts(backend, tok):
     [event] = trajectory["drift_events"]
     assert event["message"] == 0 and "rewritten" in event["reason"]
     check_exact(trajectory, log_of(backend))
+
+
+def test_a_long_turn_streams_keepalives_and_a_late_refusal_is_an_error_event(backend, tok):
+    async def main():
+        async with Harness(backend, tok) as h:
+            h.endpoint.keepalive_s = 0.25  # the turns below take 1 s: the streams start before they are done
+            raw = [line async for line in (await h.client.send(h.client.build_request(
+                "POST", "/v1/messages", json={"model": "m", "max_tokens": 50, "stream": True,
+                                             "messages": [{"role": "user", "content": "SLOW-TURN a"}]}),
+                stream=True)).aiter_lines() if line.startswith("event:")]
+            assert raw[0] == "event: ping" and raw.count("event: ping") >= 3 and raw[-1] == "event: message_stop"
+            async with claude(h).messages.stream(model="m", max_tokens=50, messages=[
+                    {"role": "user", "content": "SLOW-TURN a"},
+                    {"role": "assistant", "content": "Thought about it for a while."},
+                    {"role": "user", "content": "SLOW-TURN b"}]) as stream:
+                message = await stream.get_final_message()
+            assert message.content[0].text == "Thought about it for a while."
+            events = [e async for e in await codex(h).responses.create(model="m", input="SLOW-TURN c", stream=True)]
+            kinds = [e.type for e in events]
+            assert kinds[:3] == ["response.created", "response.in_progress", "response.in_progress"]
+            assert kinds[-1] == "response.completed" and kinds.count("response.created") == 1
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            assert events[-1].response.id == events[0].response.id
+            # a call refused once its stream has started (the job ended): an error event, not a status
+            stuck = asyncio.ensure_future(claude(h).messages.create(
+                model="m", max_tokens=50, stream=True, messages=[{"role": "user", "content": "STUCK-TURN"}]))
+            await asyncio.sleep(1.0)
+            h.endpoint.close("the job was cancelled")
+            with pytest.raises(anthropic.APIStatusError) as refused:
+                async for _ in await stuck:
+                    pass
+            return refused.value
+
+    refused = asyncio.run(main())
+    assert "job" in str(refused.body) and refused.body["error"]["type"] == "permission_error"
