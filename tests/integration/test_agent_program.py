@@ -189,3 +189,45 @@ def test_cancelling_the_job_ends_the_pending_call_at_once(service, agent_llm):
         assert time.monotonic() < deadline, agent_llm.log()
         time.sleep(0.1)
     assert time.monotonic() - started < 15
+
+
+#: the SDK agent, but its first message holds the time: it cannot be re-run to the same calls
+CLOCK_AGENT = SDK_AGENT.replace('open(os.environ["PRORL_TASK_FILE"]).read()',
+                                'open(os.environ["PRORL_TASK_FILE"]).read() + " " + str(__import__("time").time_ns())')
+
+
+def sdk_job(agent: str = SDK_AGENT) -> dict:
+    return {"data_source": "agent", "command": "python3 agent.py", "task": "SDK-AGENT: 6 * 7?",
+            "files": {"agent.py": agent},
+            "evaluator": {"type": "math", "answer_file": "answer.txt", "ground_truth": "42"}}
+
+
+def test_an_agent_program_is_replayed_and_forked_against_its_journaled_answers(service, agent_llm):
+    """The program runs again in a fresh sandbox; its endpoint calls get the journaled answers
+    (a replay asks no model; a fork at turn 1 asks only for turn 2), checked call by call."""
+    source = service.process(sdk_job(), timeout_s=120)
+    assert (source["status"], source["reward"]) == ("completed", 1.0), source["error"]
+    asked = len(agent_llm.log())
+    replay = service.post(f"/jobs/{source['job_id']}/replay")
+    assert replay.status_code == 202, replay.get_data(as_text=True)
+    replayed = service.result(replay.get_json()["job_id"], wait=120)
+    assert replayed["replay"]["identical"] is True and replayed["replay"]["turns_replayed"] == 2, replayed["replay"]
+    assert replayed["reward"] == 1.0 and len(agent_llm.log()) == asked
+    assert replayed["trajectory"]["response_ids"] == source["trajectory"]["response_ids"]
+    fork = service.post(f"/jobs/{source['job_id']}/fork", json={"turn": 1, "count": 1})
+    forked = service.result(fork.get_json()["jobs"][0]["job_id"], wait=120)
+    assert (forked["status"], forked["reward"], forked["fork"]["shared_turns"]) == ("completed", 1.0, 1), forked
+    assert forked["resume"] is None and len(agent_llm.log()) == asked + 1  # turn 2 only
+
+
+def test_an_agent_program_that_asks_otherwise_restarts_from_turn_zero_and_says_so(service, agent_llm):
+    source = service.process(sdk_job(CLOCK_AGENT), timeout_s=120)
+    assert source["status"] == "completed", source["error"]
+    fork = service.post(f"/jobs/{source['job_id']}/fork", json={"turn": 1, "count": 1})
+    forked = service.result(fork.get_json()["jobs"][0]["job_id"], wait=120)
+    assert forked["status"] == "completed" and forked["reward"] == 1.0, forked["error"]
+    resume = forked["resume"]
+    assert resume["restarted"] is True and resume["diverged_at_turn"] == 0, resume
+    # its first call's messages differ: a different prompt, or a conversation the journal lacks
+    assert resume["difference"]["kind"] in {"prompt", "seg"}, resume
+    assert forked["trajectory"]["num_turns"] == 2  # both turns generated again, from zero
