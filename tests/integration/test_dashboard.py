@@ -50,7 +50,7 @@ def test_overview_json_reports_what_status_reports(gateway, store):
     store.create("waiting", {"task": "math", "budget_s": 60})
     overview = gateway.get("/dashboard/api/overview").json
     status = gateway.get("/status").json
-    for field in ("state", "stages", "jobs", "generation", "backends", "tasks"):
+    for field in ("state", "stages", "jobs", "generation", "backends", "tasks", "warm_pool"):
         assert overview["status"][field] == status[field], field
     assert {w["name"] for w in overview["status"]["workers"]} == {w["name"] for w in status["workers"]}
     assert overview["status"]["jobs"]["completed"] == 2 and overview["status"]["stages"]["init"]["queued"] == 1
@@ -61,7 +61,7 @@ def test_overview_json_reports_what_status_reports(gateway, store):
     nodes = {w["node"] for w in status["workers"]}
     assert set(overview["sandboxes"]) == nodes
     page = gateway.get("/dashboard")
-    assert page.status_code == 200 and 'id="initial-data"' in page.text
+    assert page.status_code == 200 and 'id="initial-data"' in page.text and 'id="warm-pools"' in page.text
     pending = gateway.get("/dashboard/jobs/waiting")
     assert pending.status_code == 200 and "still running" in pending.text and "No token trajectory" in pending.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
