@@ -3,7 +3,7 @@ tests/integration/test_warm_pool.py runs it with real sandboxes)."""
 from __future__ import annotations
 
 from handlers import SandboxRequest
-from prorl_celery.worker.warm_pool import MAX_KINDS, WarmPool, kind_label, parse_presets
+from prorl_celery.worker.warm_pool import MAX_KINDS, Pooled, WarmPool, kind_label, parse_presets
 
 
 def test_presets_name_an_image_and_its_tools():
@@ -46,3 +46,14 @@ def test_a_closed_pool_keeps_no_new_kind_and_fills_nothing():
     pool.close()
     assert pool.take(SandboxRequest()) is None
     assert pool.stats()["kinds"] == {} and pool._next_kind() is None
+
+
+def test_the_pool_fills_no_further_than_its_memory_bound():
+    pool = WarmPool(None, size=4, max_mb=200, presets=[SandboxRequest()])
+    assert pool._next_kind() == SandboxRequest()  # nothing measured yet: the first one is started
+    pool._ready[SandboxRequest()].extend(Pooled({"id": str(i)}, None, None, 80.0) for i in range(2))
+    pool._rss_estimate_mb = 80.0
+    assert pool._next_kind() is None  # 160 held + 80 more > 200
+    pool._ready[SandboxRequest()].pop()
+    assert pool._next_kind() == SandboxRequest()
+    assert pool.stats()["rss_mb"] == 80.0 and pool.stats()["ready"] == 1
