@@ -25,7 +25,7 @@ import redis
 from prorl_celery.core.errors import JournalFenced
 from prorl_celery.core.event_loops import Batched, loop_local
 from prorl_celery.state import keys
-from prorl_celery.state.store import load_script
+from prorl_celery.state.store import load_script, run_script_many
 
 _ENCODE = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
@@ -97,16 +97,11 @@ class JournalStore:
 
     def append_many(self, appends: list[Append]) -> list[Appended]:
         """Each job's events in one round trip for all of them."""
-        if len(appends) == 1:
-            return [self._reply(self._call(appends[0]))]
-        pipe = self.redis.pipeline(transaction=False)
-        for append in appends:
-            self._call(append, client=pipe)
-        return [self._reply(reply) for reply in pipe.execute()]
-
-    def _call(self, append: Append, client: Any = None) -> Any:
-        return self._append(keys=self._keys(append.job_id), client=client,
-                            args=[append.attempt, append.index, self.max_events, self.max_bytes, *append.events])
+        calls = [(self._keys(a.job_id), [a.attempt, a.index, self.max_events, self.max_bytes, *a.events])
+                 for a in appends]
+        if len(calls) == 1:  # one EVALSHA, as redis-py's Script sends it
+            return [self._reply(self._append(keys=calls[0][0], args=calls[0][1]))]
+        return [self._reply(reply) for reply in run_script_many(self.redis, self._append, calls)]
 
     @staticmethod
     def _reply(reply: list[Any]) -> Appended:
