@@ -186,6 +186,8 @@ class AgentProgramHandler(AgentHandler[ChatLLM]):
             extra["git_patch"] = run.get("patch") or ""
         if run.get("endpoint") is not None:
             extra["endpoint"] = {k: v for k, v in run["endpoint"].items() if k != "calls_log"}
+        if run.get("program") is not None:  # its exit code, why it was stopped, its log's tail
+            extra["program"] = run["program"]
         return extra
 
 
