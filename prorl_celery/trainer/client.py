@@ -538,6 +538,22 @@ class AsyncRolloutClient:
         reply = (await self.request("POST", "/cancel", json={"job_ids": ids})).json()
         return CancelOutcome(reply["cancelled"], reply["not_cancelled"])
 
+    async def fork(self, job_id: str, turn: int, count: int) -> list[str]:
+        """``count`` jobs sharing turns 1..``turn`` of an ended or running job, each going on with
+        its own sampling (one group: ids ``<job>-fork<turn>-<tag>-<i>``); the shared turns are
+        taken from the job's journal, never generated again."""
+        reply = await self.request("POST", f"/jobs/{quote(job_id, safe='')}/fork",
+                                   json={"turn": turn, "count": count})
+        return [job["job_id"] for job in reply.json()["jobs"]]
+
+    async def replay(self, job_ids: str | Iterable[str]) -> list[str]:
+        """Replay finished jobs through fresh sandboxes with their recorded model outputs (no LLM),
+        then EVAL again: the replays' ids, in order; each result's ``replay`` says what differs
+        and holds ``reward_then`` and ``reward_now`` (re-scoring after an evaluator fix)."""
+        ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
+        reply = await self.request("POST", "/jobs/replay", json={"job_ids": ids})
+        return [job["job_id"] for job in reply.json()["jobs"]]
+
     # -- backends and status -----------------------------------------------------------------------
 
     async def add_llm_server(self, address: str, type: str = "vllm") -> dict[str, Any]:
@@ -712,6 +728,17 @@ class RolloutClient:
         """Cancel one job or many. Returns which were cancelled, and for the others the status
         they had (``completed``, ..., or ``not_found``); a cancelled job ends ``cancelled``."""
         return self.run(self.aio.cancel(job_ids))
+
+    def fork(self, job_id: str, turn: int, count: int) -> list[str]:
+        """``count`` jobs sharing turns 1..``turn`` of an ended or running job, each with its own
+        sampling from there; returns their ids (one group). Wait for them as for any job."""
+        return self.run(self.aio.fork(job_id, turn, count))
+
+    def replay(self, job_ids: str | Iterable[str]) -> list[str]:
+        """Replay finished jobs (recorded model outputs, a fresh sandbox, EVAL again); returns the
+        replays' ids in order. Each result's ``replay`` field lists the observations that differ
+        and the reward then against now."""
+        return self.run(self.aio.replay(job_ids))
 
     # -- backends and status -----------------------------------------------------------------------
 

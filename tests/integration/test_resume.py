@@ -32,6 +32,7 @@ import redis
 from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster
 from prorl_celery.state import keys
+from prorl_celery.trainer import RolloutClient
 from tests.support.services import Gateway, LLMServer, eventually, rules_file, start_llm_server
 
 TURNS = 8  # the math family's cap on max_iterations
@@ -178,9 +179,9 @@ def test_replay_reproduces_every_observation_and_the_reward_without_asking_the_m
     with Gateway(cluster) as gateway:
         source = finished_job(gateway, "RESUME-STATEFUL", 10)
         asked = len(llm.log())
-        accepted = gateway.post(f"/jobs/{source['job_id']}/replay")
-        assert accepted.status_code == 202, accepted.text
-        result = gateway.result(accepted.json()["job_id"], wait=120)
+        with RolloutClient(cluster.gateway_url) as client:  # the trainer SDK's way in
+            (replay_id,) = client.replay(source["job_id"])
+        result = gateway.result(replay_id, wait=120)
     assert len(llm.log()) == asked  # no model was asked: every turn came from the journal
     report = result["replay"]
     assert report["of"] == source["job_id"] and report["identical"] is True, report
