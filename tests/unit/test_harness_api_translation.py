@@ -187,3 +187,19 @@ def test_incremental_decode_of_growing_ids_is_the_whole_decode(name: str, qwen3_
             assert matcher.decoded(ids[:cut]) == tok.decode(ids[:cut], False)
     matcher.decoded(ids)
     assert matcher.decoded(ids[:5] + [0] * 20) == tok.decode(ids[:5] + [0] * 20, False)  # not an extension
+
+
+def test_a_stream_that_started_early_numbers_on_and_does_not_announce_twice():
+    started = ra.pending("resp_1", {"model": "gpt-5-codex", "input": "x"}, "policy")
+    assert (started["id"], started["status"], started["model"]) == ("resp_1", "in_progress", "gpt-5-codex")
+    first = ra.keepalive_events(started, first=True, number=0)
+    again = ra.keepalive_events(started, first=False, number=2)
+    assert [name for name, _ in first + again] == ["response.created", "response.in_progress",
+                                                   "response.in_progress"]
+    done = {"id": "resp_1", "status": "completed", "output": ra.output_items(reply("Hello.")), "usage": {}}
+    rest = ra.stream_events(done, skip_start=True, first_number=3)
+    assert "response.created" not in [name for name, _ in rest]
+    numbers = [data["sequence_number"] for _, data in first + again + rest]
+    assert numbers == list(range(len(numbers)))
+    name, failed = ra.failed_event(started, "job_ended", "closed", 3)
+    assert name == "response.failed" and failed["response"]["error"] == {"code": "job_ended", "message": "closed"}
