@@ -1,7 +1,8 @@
 """Bearer-token auth of the gateway, on when tokens are configured.
 
 ``PRORL_API_TOKEN`` guards the job endpoints, ``PRORL_ADMIN_TOKEN`` the cluster controls
-(``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``, ``/llm_servers/version``);
+(``/start``, ``/stop``, ``/add_llm_server``, ``/clear_llm_server``, ``/llm_servers/version``, and
+draining a node: ``POST /nodes/<node>/drain`` and ``/undrain``);
 the admin token also opens the job endpoints. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
 
 Browsers sign in to the dashboard at ``/dashboard/login``, which keeps the token in an HttpOnly
@@ -22,6 +23,12 @@ DASHBOARD_PREFIX = "/dashboard"
 DASHBOARD_COOKIE = "prorl_dashboard_token"
 OPEN = frozenset({"/healthz", "/metrics", DASHBOARD_PREFIX + "/login"})
 ADMIN = frozenset({"/start", "/stop", "/add_llm_server", "/clear_llm_server", "/llm_servers/version"})
+#: POSTs under this prefix are admin actions too (a node's drain)
+ADMIN_PREFIX = "/nodes/"
+
+
+def needs_admin(path: str, method: str) -> bool:
+    return path in ADMIN or (method == "POST" and path.startswith(ADMIN_PREFIX))
 
 
 def _is_dashboard(path: str) -> bool:
@@ -65,5 +72,5 @@ def install(app: Flask, settings: Settings) -> None:
         # an unknown token is 401 everywhere; 403 only tells a valid job token it lacks the right
         if not _matches(token, settings.api_token):
             raise Unauthorized("the bearer token is not valid")
-        if request.path in ADMIN:
+        if needs_admin(request.path, request.method):
             raise Forbidden(f"{request.path} needs the admin token")

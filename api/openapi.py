@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from .auth import ADMIN, OPEN
+from .auth import OPEN, needs_admin
 from .schemas import (
     AddServerRequest,
     CancelRequest,
@@ -38,13 +38,20 @@ SECURITY_SCHEMES = {
 }
 
 
-def _security(path: str) -> list[dict[str, list[str]]]:
+def _security(path: str, method: str) -> list[dict[str, list[str]]]:
     """Which token opens ``path``, read from the same sets ``auth`` checks (so the two cannot drift)."""
     if path in OPEN:
         return []
-    if path in ADMIN:
+    if needs_admin(path, method.upper()):
         return [{"adminToken": []}]
     return [{"jobToken": []}, {"adminToken": []}]
+
+
+def _node_action(summary: str) -> dict[str, Any]:
+    return {"post": {"summary": summary,
+                     "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}}],
+                     "responses": {"200": _reply("the node: {node, state, last_seen_s, ...}"),
+                                   "404": _reply("node_not_found: no worker of that node was ever seen")}}}
 
 
 @lru_cache(maxsize=1)
@@ -107,17 +114,22 @@ def openapi_document() -> dict[str, Any]:
         "/start": {"post": {"summary": "accept jobs", "responses": {"200": _reply("state")}}},
         "/stop": {"post": {"summary": "refuse new jobs and cancel in-flight ones",
                            "responses": {"200": _reply("state")}}},
+        "/nodes": get("every node seen in the last day: state (up, draining, drained, gone), last seen, "
+                      "queues, slots, stages held, jobs waiting in its RUN queue, sandboxes, software versions"),
+        "/nodes/{node}/drain": _node_action("drain a node: no new INIT or RUN work; it finishes what it holds "
+                                            "and then reports drained"),
+        "/nodes/{node}/undrain": _node_action("undrain a node: it takes new work again"),
         "/status": get("service status"),
         "/healthz": get("liveness"),
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
         "/openapi.json": get("this document"),
     }
     for path, operations in paths.items():
-        for operation in operations.values():
-            operation["security"] = _security(path)
+        for method, operation in operations.items():
+            operation["security"] = _security(path, method)
             if path not in OPEN:
                 operation["responses"]["401"] = _reply("missing or wrong bearer token")
-            if path in ADMIN:
+            if needs_admin(path, method.upper()):
                 operation["responses"]["403"] = _reply("the job token cannot do this: admin token needed")
     return {"openapi": "3.1.0", "info": {"title": "prorl-celery gateway", "version": "0.1.0"},
             "paths": paths, "components": {"schemas": schemas, "securitySchemes": SECURITY_SCHEMES}}

@@ -7,8 +7,9 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, TypeAdapter
 
-from prorl_celery.core.errors import BadRequest, Forbidden, JobNotFound
+from prorl_celery.core.errors import BadRequest, Forbidden, JobNotFound, NodeNotFound
 from prorl_celery.llm.pool import probe
+from prorl_celery.state.nodes import node_states, set_drain
 from prorl_celery.state.store import JobRecord, decode_record
 from prorl_celery.state.waiting import RecordWait
 from prorl_celery.wire import derived, job_intake
@@ -282,3 +283,28 @@ def stop():
     store.set_service_state(False)
     cancelled = [j for j in store.active_job_ids() if store.cancel(j, "service stopped").ok]
     return jsonify({"state": "stopped", "cancelled": len(cancelled)})
+
+
+@bp.get("/nodes")
+def nodes():
+    services = app_services()
+    return jsonify({"nodes": node_states(services.redis, services.settings.heartbeat_s)})
+
+
+@bp.post("/nodes/<node>/drain")
+def drain_node(node: str):
+    """The node takes no new INIT or RUN work, finishes what it holds, then reports drained."""
+    return _drain(node, True)
+
+
+@bp.post("/nodes/<node>/undrain")
+def undrain_node(node: str):
+    return _drain(node, False)
+
+
+def _drain(node: str, drain: bool):
+    services = app_services()
+    if not set_drain(services.redis, node, drain):
+        raise NodeNotFound(f"no worker of node {node!r} was ever seen")
+    state = next(n for n in node_states(services.redis, services.settings.heartbeat_s) if n["node"] == node)
+    return jsonify(state)

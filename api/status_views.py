@@ -18,7 +18,7 @@ from prorl_celery.services import Services
 from prorl_celery.state import keys
 from prorl_celery.state.connection import get_redis
 from prorl_celery.state.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
-from prorl_celery.state.nodes import live_workers, warm_pools
+from prorl_celery.state.nodes import live_workers, node_states, warm_pools
 
 from .extension import app_services
 from .openapi import openapi_document
@@ -46,6 +46,8 @@ def service_status(services: Services) -> dict[str, Any]:
         "workers": workers,
         # the INIT workers' warm pools added up (each worker's own is in its entry)
         "warm_pool": warm_pools(workers),
+        # by node: up, draining, drained or gone, with when each was last seen
+        "nodes": node_states(services.redis, services.settings.heartbeat_s),
         "tasks": registered_tasks(),
     }
 

@@ -477,6 +477,125 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+@main.command()
+@click.option("--cancel-jobs", is_flag=True,
+              help="end every job not yet ended as cancelled (else they stay, for the next start)")
+@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
+              help="then wait up to this many seconds until no worker sends heartbeats any more and no "
+                   "node's ledger lists a sandbox")
+def shutdown(cancel_jobs: bool, wait_s: float) -> None:
+    """The service's end, from where Redis is reachable (PRORL_REDIS_URL): deploy/slurm/head.sh
+    runs it when the allocation ends, before it stops Redis, so that the workers' last writes
+    (stages handed back, cancels) land. The gateway may be gone already: this talks to Redis."""
+    import time
+
+    from prorl_celery.services import get_services
+    from prorl_celery.state.nodes import live_workers, node_states
+    services = get_services()
+    if cancel_jobs:
+        cancelled = [j for j in services.store.active_job_ids()
+                     if services.store.cancel(j, "the service's allocation was cancelled").ok]
+        click.echo(f"cancelled {len(cancelled)} jobs")
+    deadline = time.monotonic() + wait_s
+
+    def left() -> list[str]:
+        """Workers still beating, and nodes whose sandbox ledger is not empty yet (each node's
+        node.sh stops those its workers left once they have exited)."""
+        workers = [w["name"] for w in live_workers(services.redis, services.settings.heartbeat_s)]
+        return workers + [f"{n['node']}: {n['sandboxes'] + n['pooled_sandboxes']} sandboxes"
+                          for n in node_states(services.redis, services.settings.heartbeat_s)
+                          if n["sandboxes"] + n["pooled_sandboxes"]]
+    while (remaining := left()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if remaining:
+        click.echo(f"still there after {wait_s:.0f} s: {', '.join(remaining)}", err=True)
+
+
+@main.group()
+def nodes() -> None:
+    """The service's nodes: list them, drain one before taking it down, undrain it."""
+
+
+def _gateway_options(command):
+    command = click.option("--gateway", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", show_default=True,
+                           help="gateway URL")(command)
+    return click.option("--token", envvar="PRORL_ADMIN_TOKEN", default=None,
+                        help="the gateway's admin token (PRORL_ADMIN_TOKEN)")(command)
+
+
+def _nodes_call(gateway: str, token: str | None, method: str, path: str) -> dict:
+    import httpx
+    _check_gateways((gateway,))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.request(method, gateway.rstrip("/") + path, headers=headers, timeout=30)
+    if response.status_code in (401, 403):
+        raise Failure(f"the gateway at {gateway} answered {response.status_code}: pass its admin token with "
+                      f"--token or PRORL_ADMIN_TOKEN")
+    if response.status_code == 404:
+        raise Failure(f"{response.json().get('message', 'not found')}: `prorl nodes list` names the nodes")
+    response.raise_for_status()
+    return response.json()
+
+
+def _node_line(node: dict) -> str:
+    slots = " ".join(f"{queue}:{count}" for queue, count in sorted(node["slots"].items())) or "-"
+    return (f"{node['node']:<20} {node['state']:<9} {node['last_seen_s']:>9.1f} {node['busy']:>5} "
+            f"{node['waiting_run']:>8} {node['sandboxes']:>9}  {slots}")
+
+
+@nodes.command("list")
+@_gateway_options
+def nodes_list(gateway: str, token: str | None) -> None:
+    """Every node with its state (up, draining, drained, gone) and when it was last seen."""
+    listing = _nodes_call(gateway, token, "GET", "/nodes")["nodes"]
+    click.echo(f"{'node':<20} {'state':<9} {'seen (s)':>9} {'busy':>5} {'waiting':>8} {'sandboxes':>9}  slots")
+    for node in listing:
+        click.echo(_node_line(node))
+
+
+@nodes.command("drain")
+@click.argument("node")
+@click.option("--wait", "wait_s", type=float, default=None,
+              help="wait up to this many seconds for the node to report drained (exit 1 if it does not)")
+@_gateway_options
+def nodes_drain(node: str, wait_s: float | None, gateway: str, token: str | None) -> None:
+    """Stop new INIT and RUN work on NODE; it finishes what it holds, then reports drained."""
+    import time
+    state = _nodes_call(gateway, token, "POST", f"/nodes/{node}/drain")
+    deadline = time.monotonic() + (wait_s or 0)
+    while wait_s is not None and state["state"] == "draining" and time.monotonic() < deadline:
+        time.sleep(1)
+        state = next(n for n in _nodes_call(gateway, token, "GET", "/nodes")["nodes"] if n["node"] == node)
+    click.echo(_node_line(state))
+    if wait_s is not None and state["state"] not in ("drained", "gone"):
+        raise Failure(f"{node} is still {state['state']} after {wait_s:.0f} s (it holds {state['busy']} stages, "
+                      f"{state['waiting_run']} jobs wait in its RUN queue, {state['sandboxes']} sandboxes)")
+
+
+@nodes.command("close-sandboxes")
+def nodes_close_sandboxes() -> None:
+    """Stop the sandboxes this node's stopped workers left (PRORL_NODE, PRORL_REDIS_URL): run once
+    every worker of the node has exited for good (deploy/slurm/node.sh does, as the allocation ends)."""
+    import redis
+
+    from prorl_celery.services import get_services
+    services = get_services()
+    try:
+        stopped = services.sandboxes.close_left_behind()
+    except redis.ConnectionError as error:  # the head stops Redis once every ledger is empty
+        raise Failure(f"cannot reach Redis ({error}): {services.settings.node}'s sandbox ledger was not read; "
+                      f"the head stops Redis only once every node's ledger is empty") from error
+    click.echo(f"{services.settings.node}: stopped {stopped} sandboxes left behind")
+
+
+@nodes.command("undrain")
+@click.argument("node")
+@_gateway_options
+def nodes_undrain(node: str, gateway: str, token: str | None) -> None:
+    """Let NODE take new work again."""
+    click.echo(_node_line(_nodes_call(gateway, token, "POST", f"/nodes/{node}/undrain")))
+
+
 @main.group()
 def tokens() -> None:
     """Token-level trajectory tools."""

@@ -12,6 +12,7 @@
     │   ├── Forbidden                   403 forbidden        (an admin endpoint, or a backend
     │   │                                                      address outside the allow-list)
     │   ├── JobNotFound(KeyError)       404 job_not_found
+    │   ├── NodeNotFound                404 node_not_found   (no worker of that node was ever seen)
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── ServiceStopped              503 service_stopped  (after /stop, until /start)
     │   └── ServiceUnavailable          503 service_unavailable (Redis or the broker cannot be
@@ -126,6 +127,11 @@ class JobNotFound(HTTPError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return self.message
+
+
+class NodeNotFound(HTTPError):
+    code = "node_not_found"
+    http_status = 404
 
 
 class PayloadTooLarge(HTTPError):

@@ -65,7 +65,12 @@ prorl:metrics:buckets:<stage>      hash    duration histogram: bucket bound -> s
                                            in that bucket only (not cumulative: a stage counts
                                            in one bucket), "sum"; read_metrics adds the two up
 prorl:workers                      zset    worker name -> last heartbeat (unix time)
-prorl:worker:<name>                hash    worker's node, queues, pid, concurrency
+prorl:worker:<name>                hash    worker's node, queues, pid, concurrency, stages it
+                                           holds now (busy), software versions (JSON)
+prorl:nodes                        zset    node -> last heartbeat of any of its workers (unix
+                                           time); a node silent for a day is forgotten
+prorl:nodes:drain                  hash    node -> when a drain was asked (unix time): its
+                                           workers take no new INIT or RUN work (nodes.py)
 prorl:cancel                       pubsub  job ids being cancelled (a wake-up; the job record
                                            stays the source of truth)
 init, run, run.<node>, eval        list    Celery's own queues on the broker (kombu's names;
@@ -97,6 +102,8 @@ LLM_VERSIONS = PREFIX + "llm:versions"
 LLM_HEALTH = PREFIX + "llm:health"
 LLM_UNHEALTHY = PREFIX + "llm:unhealthy"
 WORKERS = PREFIX + "workers"
+NODES = PREFIX + "nodes"
+NODES_DRAIN = PREFIX + "nodes:drain"
 REAPER_LOCK = PREFIX + "reaper:lock"
 METRIC_COUNTERS = PREFIX + "metrics:counters"
 CANCEL_CHANNEL = PREFIX + "cancel"

@@ -171,6 +171,14 @@ class JobSandboxes:
         were tried."""
         return self._reap(lambda record: record.owner.pid not in owners)
 
+    def close_left_behind(self) -> int:
+        """Stop every sandbox on this node whose owner is gone, whatever its job: the node's
+        workers have all stopped for good (the end of a Slurm allocation: its jobs were cancelled
+        or handed back, retried from INIT with a new sandbox), so no RUN will adopt one. Slurm's
+        own SIGKILL does not reach them: a sandbox whose worker exited is no longer a descendant
+        of the job step. Returns how many were tried."""
+        return self._reap(lambda record: False)
+
     def _reap(self, still_needed: StillNeeded) -> int:
         reports = reap(self.ledger, self.node, allocator=self.allocator, grace_s=STOP_GRACE_S,
                        still_needed=still_needed)

@@ -25,7 +25,8 @@ from prorl_celery.services import get_services
 from prorl_celery.state import keys
 from prorl_celery.state.connection import get_redis
 from prorl_celery.state.leases import Reaper, give_up
-from prorl_celery.state.nodes import STALE_BEATS
+from prorl_celery.state.nodes import STALE_BEATS, drain_asked, record_beat
+from prorl_celery.worker.draining import DrainSwitch, held_stages, software_versions
 from prorl_celery.worker.readiness import refused_tasks
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ def start_heartbeat(sender, **_: object) -> None:
     services = get_services()
     if Stage.INIT.value in queues and services.settings.warm_pool_size > 0:
         _start_warm_pool()
-    thread = threading.Thread(target=_beat, args=(worker_name, queues, concurrency),
+    switch = DrainSwitch(consumer, queues)
+    thread = threading.Thread(target=_beat, args=(worker_name, queues, concurrency, switch),
                               name="prorl-heartbeat", daemon=True)
     thread.start()
     Reaper(services.store, f"{worker_name}:{os.getpid()}", lease_s=services.settings.lease_s,
@@ -235,21 +237,29 @@ def _preload_tokenizer(path: str) -> None:
         log.warning("cannot preload tokenizer %s: %s", path, error)
 
 
-def _beat(name: str, queues: list[str], concurrency: int | None) -> None:
+def _beat(name: str, queues: list[str], concurrency: int | None, switch: DrainSwitch) -> None:
     _worker_name["name"] = name
     services = get_services()
+    node = services.settings.node
     if services.settings.tokenizer and Stage.RUN.value in queues:
         _preload_tokenizer(services.settings.tokenizer)
-    info: dict[FieldT, EncodableT] = {"node": services.settings.node, "queues": ",".join(queues), "pid": os.getpid(),
-                                  "concurrency": concurrency or "", "refused": json.dumps(_refused)}
+    info: dict[FieldT, EncodableT] = {"node": node, "queues": ",".join(queues), "pid": os.getpid(),
+                                      "concurrency": concurrency or "", "refused": json.dumps(_refused),
+                                      "versions": json.dumps(software_versions())}
     while not _stop.is_set():
         if _warm_pool:
             info["warm_pool"] = json.dumps(_warm_pool[0].stats())
         try:
+            # the drain first, so that a beat saying "draining" comes after the queues stopped
+            switch.apply(drain_asked(services.redis, node))
+            info["draining"] = "1" if switch.applied else "0"
+            info["busy"] = held_stages(services.redis, services.leases.held())
             pipe = services.redis.pipeline(transaction=False)
             pipe.hset(keys.worker(name), mapping=info)
             pipe.expire(keys.worker(name), max(1, int(services.settings.heartbeat_s * STALE_BEATS)))
-            pipe.zadd(keys.WORKERS, {name: time.time()})
+            now = time.time()
+            pipe.zadd(keys.WORKERS, {name: now})
+            record_beat(pipe, node, now)
             pipe.execute()
         except Exception as error:  # noqa: BLE001 - a missed beat only ages the entry
             log.warning("heartbeat failed: %s", error)

@@ -60,6 +60,10 @@ def test_overview_json_reports_what_status_reports(gateway, store):
     assert [reward for reward in series["mean_reward"] if reward is not None][-1] == 0.5
     nodes = {w["node"] for w in status["workers"]}
     assert set(overview["sandboxes"]) == nodes
+    # the nodes card: every node with a live worker is up (nodes are written with the same beat)
+    live = {w["node"] for w in overview["status"]["workers"]}
+    states = {n["node"]: n["state"] for n in overview["status"]["nodes"] if n["node"] in live}
+    assert states == dict.fromkeys(live, "up")
     page = gateway.get("/dashboard")
     assert page.status_code == 200 and 'id="initial-data"' in page.text and 'id="warm-pools"' in page.text
     pending = gateway.get("/dashboard/jobs/waiting")

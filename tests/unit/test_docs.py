@@ -48,6 +48,7 @@ KNOWN_EXTRAS: dict[str, str] = {
     "PRORL_VLLM_VENV": "scripts/install_vllm.sh",
     "PRORL_VLLM_VERSION": "scripts/install_vllm.sh",
     "PRORL_REQUIRE_VLLM": "tests/support/vllm.py",
+    "PRORL_REQUIRE_SLURM": "tests/integration/test_slurm.py",
     "PRORL_VERL_PYTHON": "tests/support/vllm.py",
     "PRORL_VERL_VENV": "scripts/install_verl.sh",
     "PRORL_VERL_VERSION": "scripts/install_verl.sh",

@@ -110,9 +110,11 @@
     fill("backends", status.backends.map(function (b) {
       return row([cell("td", b.address, "mono"), cell("td", b.protocol), cell("td", b.assigned, "num"), cell("td", b.in_flight, "num")]);
     }), "No LLM backend registered (POST /add_llm_server).", 4);
-    fill("sandboxes", Object.keys(data.sandboxes).map(function (node) {
-      return row([cell("td", node), cell("td", data.sandboxes[node], "num")]);
-    }), "no live worker nodes", 2);
+    fill("nodes", (status.nodes || []).map(function (n) {
+      var state = cell("td", n.state); state.className = "node-" + n.state;
+      return row([cell("td", n.node), state, cell("td", n.last_seen_s.toFixed(1) + " s ago", "num"),
+                  cell("td", n.busy, "num"), cell("td", n.sandboxes, "num")]);
+    }), "no node has sent a heartbeat", 5);
     fill("warm-pools", status.workers.filter(function (w) { return w.warm_pool; }).map(function (w) {
       var p = w.warm_pool;
       return row([cell("td", w.name, "mono"), cell("td", p.ready + " / " + p.size, "num"), cell("td", p.hits, "num"),
