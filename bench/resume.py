@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -49,6 +50,8 @@ REPLIES = [tool_call("x = 1\nprint(x)")] + [tool_call("x = 2 * x + 1\nprint(x)")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.resume", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20, help="jobs in flight when the RUN worker is killed")
+    parser.add_argument("--kills", type=int, default=1, help="RUN worker kills: the first halfway, each next one "
+                        "0.5 to 3 s (at random, seeded) after RUN serves again, while jobs are left")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds the LLM server takes per turn")
     args = parser.parse_args(argv)
     if shutil.which("bwrap") is None:
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 def _passed(result: dict[str, Any]) -> bool:
     journal = result["sides"]["journal"]
     return (journal["completed"] == result["jobs"] and journal["exact_jobs"] == result["jobs"]
-            and journal["journaled_tokens_regenerated"] == 0 and result["tokens_ratio"] < 1.0)
+            and journal["journaled_tokens_regenerated"] == 0
+            and journal["jobs_asked_again_more_than_once_per_kill"] == 0 and result["tokens_ratio"] < 1.0)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,7 +108,7 @@ def _side(side: str, args: argparse.Namespace, tokenizer: str, rules: Path, log_
             for n in range(args.jobs):
                 instance = {"data_source": "math", "problem": f"BENCH-RESUME job {n}: x after {TURNS - 1} steps?",
                             "answer": ANSWER, "tools": ["python"], "max_iterations": TURNS}
-                reply = gateway.post("/jobs", json={"instance": instance, "max_attempts": 2})
+                reply = gateway.post("/jobs", json={"instance": instance, "max_attempts": min(10, args.kills + 1)})
                 jobs.append(reply.json()["job_id"])
 
             def served() -> dict[int, list[dict]]:
@@ -121,16 +125,28 @@ def _side(side: str, args: argparse.Namespace, tokenizer: str, rules: Path, log_
                 done = [len([r for r in log.get(n, []) if r["finished"]]) for n in range(args.jobs)]
                 return min(done) >= 1 and statistics.median(done) >= TURNS // 2
             wait_until(halfway, 600, "every job started, the median one halfway")
-            victim = next(p for p in cluster.processes if p.name.startswith(Stage.RUN.value + "-"))
+            def kill_run_worker() -> None:
+                victim = next(p for p in cluster.processes if p.name.startswith(Stage.RUN.value + "-"))
+                os.kill(victim.popen.pid, signal.SIGKILL)
+                victim.popen.wait(30)
+                cluster.processes.remove(victim)
+                cluster.start_worker(Stage.RUN, run_slots)
             before = {n: len(requests) for n, requests in served().items()}
-            os.kill(victim.popen.pid, signal.SIGKILL)
+            kill_run_worker()
             killed = time.monotonic()
-            victim.popen.wait(30)
-            cluster.processes.remove(victim)
-            cluster.start_worker(Stage.RUN, run_slots)
+            kills, chance = 1, random.Random(26)
+            served_at_kill, rearmed = sum(before.values()), None
             first_after: dict[int, float] = {}
             results = {}
             while len(results) < len(jobs):
+                # the next kill: once RUN serves again (half as many requests as jobs since the last
+                # kill), after 0.5 to 3 s more at random, while jobs are left
+                total = sum(len(v) for v in served().values())
+                if kills < args.kills and rearmed is None and total - served_at_kill >= args.jobs // 2:
+                    rearmed = time.monotonic() + chance.uniform(0.5, 3.0)
+                if rearmed is not None and time.monotonic() > rearmed:
+                    kill_run_worker()
+                    kills, served_at_kill, rearmed = kills + 1, total, None
                 log = served()
                 now = time.monotonic()
                 for n in range(args.jobs):
@@ -147,17 +163,22 @@ def _side(side: str, args: argparse.Namespace, tokenizer: str, rules: Path, log_
             ended = time.monotonic() - killed
             log = served()
     tokens = sum(len(r["output_ids"]) for requests in log.values() for r in requests)
-    regenerated = exact = 0
+    regenerated = exact = over = 0
     for n, result in results.items():
         asked = Counter(tuple(r["prompt_ids"]) for r in log.get(n, []))
+        # each kill may cost a job the one turn it had in flight (never returned, never journaled)
+        over += sum(count - 1 for count in asked.values()) > kills
         trajectory = result.get("trajectory") or {}
         journaled = {t["context_len"] for t in trajectory.get("turns", [])[:((result.get("resume") or {})
                                                                             .get("from_turn") or 0)]}
-        regenerated += sum(len(r["output_ids"]) for r in log.get(n, [])
-                           if asked[tuple(r["prompt_ids"])] > 1 and len(r["prompt_ids"]) in journaled)
+        if kills == 1:  # with one kill, a journaled turn asked twice is one generated again
+            regenerated += sum(len(r["output_ids"]) for r in log.get(n, [])
+                               if asked[tuple(r["prompt_ids"])] > 1 and len(r["prompt_ids"]) in journaled)
         exact += _exact(trajectory, log.get(n, []))
     resumed = [r.get("resume") or {} for r in results.values()]
-    return {"in_flight_at_kill": sum(r["attempt"] == 2 for r in results.values()),
+    return {"kills": kills, "jobs_asked_again_more_than_once_per_kill": over,
+            "attempts": dict(sorted(Counter(r["attempt"] for r in results.values()).items())),
+            "in_flight_at_kill": sum(r["attempt"] >= 2 for r in results.values()),
             "completed": sum(r["status"] == "completed" and r["reward"] == 1.0 for r in results.values()),
             "resumed": sum(bool(r.get("resumed")) for r in resumed),
             "replayed_turns": sum(int(r.get("replayed_turns") or 0) for r in resumed),
@@ -187,17 +208,24 @@ def report(result: dict[str, Any]) -> str:
         s = result["sides"][side]
         rows.append([side, f"{s['completed']}/{result['jobs']}", str(s["in_flight_at_kill"]), str(s["resumed"]),
                      str(s["requests"]),
-                     str(s["tokens_generated"]), str(s["journaled_tokens_regenerated"]), f"{s['exact_jobs']}",
+                     str(s["tokens_generated"]),
+                     str(s["journaled_tokens_regenerated"]) if s["kills"] == 1 else "n/a (see below)",
+                     f"{s['exact_jobs']}",
                      f"{s['kill_to_first_request_p50_s']:.2f}" if s["kill_to_first_request_p50_s"] is not None else "-",
                      f"{s['kill_to_all_ended_s']:.1f}"])
-    lines = [f"resume: {result['jobs']} jobs of {result['turns']} turns, the RUN worker SIGKILLed halfway "
+    kills = result["sides"]["journal"]["kills"]
+    lines = [f"resume: {result['jobs']} jobs of {result['turns']} turns, the RUN worker SIGKILLed halfway"
+             f"{'' if kills == 1 else f' and {kills - 1} times more at random'} "
              f"({result['delay_s']} s per model turn)", "",
              *markdown_table(["side", "completed", "in flight at the kill", "resumed", "LLM requests", "model tokens",
                               "journaled tokens again",
                               "token-exact jobs", "kill -> next request p50 s", "kill -> all ended s"], rows), "",
              f"model tokens with the journal / restarting from zero: {result['tokens_ratio']:.2f}x "
              f"({result['tokens_saved']} tokens saved); time from the kill until every job ended: "
-             f"{result['end_ratio']:.2f}x"]
+             f"{result['end_ratio']:.2f}x; jobs asked a turn again more than once per kill (journal side): "
+             f"{result['sides']['journal']['jobs_asked_again_more_than_once_per_kill']}; attempts (jobs by the "
+             f"attempt they ended on): journal {result['sides']['journal']['attempts']}, restart "
+             f"{result['sides']['restart']['attempts']}"]
     return "\n".join(lines)
 
 
