@@ -5,8 +5,9 @@
 #
 # On SIGTERM (the allocation ends) the workers stop (stages still running after
 # PRORL_SHUTDOWN_GRACE_S are handed back), then the sandboxes they leave are stopped: those of
-# jobs that waited for RUN. A sandbox whose worker exited is no longer in the job step, so
-# Slurm's SIGKILL would not reach it. head.sh keeps Redis up until every node's are gone.
+# jobs that waited for RUN. Slurm cannot end those: bwrap takes its signals through a signalfd
+# (SIGTERM does not end it), and once its worker exited it is no longer in the job step (the
+# SIGKILL after KillWait misses it). head.sh keeps Redis up until every node's are gone.
 set -euo pipefail
 export PRORL_NODE="${PRORL_NODE:-${SLURMD_NODENAME:-$(hostname -s)}}"
 pids=()

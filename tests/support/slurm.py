@@ -272,8 +272,8 @@ class SlurmCluster:
             deadline = time.monotonic() + KILL_WAIT_S + 15
             while time.monotonic() < deadline and self.run("squeue", "-h", check=False).stdout.strip():
                 time.sleep(0.5)
-        order = sorted(self.processes, key=lambda p: (p.name != "munged", p.name == "slurmctld" or p.name == "munged"))
-        for process in reversed(order):
+        rank = {"munged": 2, "slurmctld": 1}  # the node daemons first, munge (everyone's auth) last
+        for process in sorted(self.processes, key=lambda p: rank.get(p.name, 0)):
             if process.popen.poll() is None:
                 try:
                     os.killpg(process.popen.pid, signal.SIGTERM)
