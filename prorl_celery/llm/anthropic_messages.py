@@ -125,8 +125,10 @@ def to_messages(body: dict[str, Any]) -> list[Message]:
             out += _user(blocks, where)
         elif role == "assistant":
             out.append(_assistant(blocks, where))
+        elif role == "system":  # Claude Code's mid-conversation system turns (environment, reminders)
+            out.append(Message(role="system", content=_text_of(message.get("content"), where)))
         else:
-            raise EndpointRequestError(f"{where}.role must be user or assistant")
+            raise EndpointRequestError(f"{where}.role must be user, assistant or system")
     return out
 
 
