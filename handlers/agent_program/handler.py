@@ -17,6 +17,7 @@ import json
 import shlex
 from typing import Any, ClassVar
 
+from handlers.agent_program.harnesses import small_model
 from handlers.agent_program.instances import TASK_DIR, TASK_FILE, AgentInstance, normalize_instance
 from handlers.base import AgentHandler, ChatLLM, EndpointRequest, EvalResult, JobContext, SandboxRequest
 from handlers.sandbox_files import SandboxCommandError, read_bytes, sh, write_text
@@ -61,21 +62,25 @@ class AgentProgramHandler(AgentHandler[ChatLLM]):
         if instance.swe is not None:
             needed.append(GIT)
         needed += {"swe": [PYTEST, TIMEOUT], "math": [MATH_VERIFY]}.get(instance.evaluator_type, [])
+        if instance.harness is not None:  # not installed: a missing requirement, never a reward
+            needed += instance.harness.requirements()
         return tuple(needed)
 
     def parse_instance(self, instance: dict[str, Any]) -> AgentInstance:
         return normalize_instance(instance)
 
     def sandbox_request(self, job: JobContext) -> SandboxRequest:
-        return self._sandbox(self.instance_of(job))
+        return self._sandbox(self.instance_of(job), agent=True)
 
     def eval_sandbox_request(self, job: JobContext) -> SandboxRequest | None:
         instance: AgentInstance = self.instance_of(job)
         return self._sandbox(instance) if instance.evaluator_type == "swe" else None
 
     @staticmethod
-    def _sandbox(instance: AgentInstance) -> SandboxRequest:
-        binds = ((str(instance.swe.bundle.parent), BUNDLE_MOUNT),) if instance.swe else ()
+    def _sandbox(instance: AgentInstance, agent: bool = False) -> SandboxRequest:
+        binds: tuple[tuple[str, str], ...] = ((str(instance.swe.bundle.parent), BUNDLE_MOUNT),) if instance.swe else ()
+        if agent and instance.harness is not None:  # the harness, read-only (EVAL does not run it)
+            binds += (instance.harness.bind(),)
         # agent programs are whole Python applications (litellm alone maps over 1 GiB)
         return SandboxRequest(binds=binds, memory_bytes=16 * 2**30, max_processes=1024)
 
@@ -85,6 +90,9 @@ class AgentProgramHandler(AgentHandler[ChatLLM]):
             await sh(job.sandbox, checkout_command(instance.swe), timeout_s=120)
         await sh(job.sandbox, f"mkdir -p {TASK_DIR} {shlex.quote(instance.cwd)}")
         await write_text(job.sandbox, TASK_FILE, instance.task)
+        for path, text in instance.harness_files().items():  # its configuration (no key in it)
+            await sh(job.sandbox, f"mkdir -p \"$(dirname {shlex.quote(path)})\"")
+            await write_text(job.sandbox, path, text)
         for path, text in instance.files.items():
             await sh(job.sandbox, f"mkdir -p \"$(dirname {shlex.quote('/workspace/' + path)})\"")
             await write_text(job.sandbox, f"/workspace/{path}", text)
@@ -99,7 +107,8 @@ class AgentProgramHandler(AgentHandler[ChatLLM]):
     def endpoint_request(self, job: JobContext) -> EndpointRequest:
         """The program's LLM: the job's endpoint, named by the instance's ``model``."""
         instance: AgentInstance = self.instance_of(job)
-        return EndpointRequest(model=instance.model, max_calls=self._max_calls(job, instance))
+        small = (small_model(instance),) if instance.harness is not None else ()
+        return EndpointRequest(model=instance.model, max_calls=self._max_calls(job, instance), auxiliary_models=small)
 
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
         """Run the program against ``job.endpoint`` (its calls go through ``llm``, the job's

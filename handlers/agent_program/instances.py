@@ -1,7 +1,8 @@
 """An ``agent`` instance: which program to run, on what task, and how to score it.
 
     {"data_source": "agent", "instance_id": "...",
-     "agent": "mini-swe-agent"            # an installed agent by name (KNOWN_AGENTS), or
+     "agent": "mini-swe-agent"            # an installed agent by name (KNOWN_AGENTS: mini-swe-agent,
+                                          #   claude-code, codex, opencode), or
      "command": "python3 agent.py",       # a shell command (or an argv list), run in ``cwd``
      "task": "text of the task",          # also in /workspace/.prorl/task.md and $PRORL_TASK_FILE
      "files": {"agent.py": "..."},        # placed under /workspace before RUN
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.agent_program.harnesses import CONFIGURE, HARNESSES, Harness
 from handlers.swe.instances import SweInstance, load_instances
 from handlers.swe.instances import normalize_instance as normalize_swe
 
@@ -54,8 +57,17 @@ def _mini_swe_agent(instance: AgentInstance) -> tuple[list[str], dict[str, str]]
     return argv, env
 
 
-#: installed agents a job may name; each maps the instance to (argv, environment)
-KNOWN_AGENTS = {"mini-swe-agent": _mini_swe_agent}
+def _harness(name: str) -> Callable[[AgentInstance], tuple[list[str], dict[str, str]]]:
+    def configure(instance: AgentInstance) -> tuple[list[str], dict[str, str]]:
+        argv, env, _ = CONFIGURE[name](instance)
+        return argv, env
+    return configure
+
+
+#: installed agents a job may name; each maps the instance to (argv, environment): mini-swe-agent
+#: (PyPI) and the npm harnesses (``harnesses``: Claude Code, Codex, OpenCode)
+KNOWN_AGENTS: dict[str, Callable[[AgentInstance], tuple[list[str], dict[str, str]]]] = {
+    "mini-swe-agent": _mini_swe_agent, **{name: _harness(name) for name in HARNESSES}}
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,15 @@ class AgentInstance:
         if isinstance(self.command, list):
             return list(self.command), env
         return ["/bin/sh", "-c", str(self.command)], env
+
+    @property
+    def harness(self) -> Harness | None:
+        """The npm harness the instance names (Claude Code, Codex, OpenCode), if any."""
+        return HARNESSES.get(self.agent or "")
+
+    def harness_files(self) -> dict[str, str]:
+        """The harness's configuration files (absolute paths in the sandbox) and their text."""
+        return CONFIGURE[self.agent](self)[2] if self.harness is not None and self.agent else {}
 
     @property
     def evaluator_type(self) -> str:
