@@ -95,3 +95,15 @@ def test_trl_runs_one_job_per_samples_per_rollout_rows():
         rollout.close()
     with pytest.raises(ValueError, match="text path"):
         ProrlRollout("http://gw", samples_per_rollout=2, path="text", text_tokenizer=object())
+
+
+def test_a_handlers_sample_rewards_are_kept_with_its_judgement():
+    from handlers import EvalResult
+    from prorl_celery.worker.pipeline import _eval_details
+
+    plain = EvalResult(1.0, {"resolved": True})
+    assert _eval_details(plain) == {"resolved": True}
+    own = _eval_details(EvalResult(1.0, {"resolved": True}, sample_rewards={2: 0}))
+    assert own == {"resolved": True, "sample_rewards": {"2": 0.0}}
+    rewarded = with_sample_rewards(result(SUBAGENT_RUN)["trajectory"], 1.0, own)
+    assert [s["reward"] for s in rewarded["samples"]] == [1.0, 1.0, 0.0, 1.0]
