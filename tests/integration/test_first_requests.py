@@ -4,7 +4,6 @@ error; then what the page says each command shows is checked, so that the page c
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 
 from prorl_celery.dev.local import free_port
 from tests.support.doc_blocks import code_blocks, page_script
-from tests.support.processes import prorl_up, stop_group
+from tests.support.processes import prorl_up, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "first-requests.md"
@@ -34,13 +33,8 @@ def test_first_requests_page_runs_against_prorl_up(tmp_path):
         # the page's addresses are 127.0.0.1:8080 (the gateway) and :8001 (the LLM it starts)
         script = page_script(PAGE, {":8080": f":{gateway_port}", "--port 8001": f"--port {llm_port}",
                                     ":8001/": f":{llm_port}/"})
-        shell = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            output, _ = shell.communicate(timeout=900)
-        finally:
-            stop_group(shell)
-        assert shell.returncode == 0, output[-4000:]
+        returncode, output = run_script(script, ROOT, env, 900)
+        assert returncode == 0, output[-4000:]
 
         # what the page says each part shows
         assert '"status": "running"' in output

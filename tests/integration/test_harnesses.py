@@ -16,6 +16,7 @@ from tests.support.agents import ROMANUM_ID
 from tests.support.harnesses import DELEGATE, HARNESS_RULES, require_harness
 from tests.support.services import rules_file, start_llm_server
 from tests.support.swe import ROMANUM
+from tests.support.trl_step import grpo_step_on_samples
 
 pytestmark = [pytest.mark.timeout(400)]
 
@@ -96,41 +97,11 @@ def test_trl_grpo_trainer_receives_both_claude_code_samples(service, harness_llm
     the sub-agent's, each exactly the ids the backend saw and produced."""
     require_harness("claude-code")
     pytest.importorskip("trl", reason="TRL is the 'trl' extra")
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    from prorl_celery.dev.devmodels import ensure_tiny_model
-    from prorl_celery.trainer.integrations.trl import ProrlRollout, service_reward
-
     instance = {"data_source": "agent", "agent": "claude-code", "swe": ROMANUM_ID, "max_iterations": 12,
                 "task": DELEGATE + ROMANUM["problem_statement"]}
-    model_dir = ensure_tiny_model("qwen3")
-    rollout = ProrlRollout(service.cluster.gateway_url, instance_for=lambda _: dict(instance), samples_per_rollout=2,
-                           sampling_params={"max_tokens": 256})
-    received: list[dict] = []
-
-    def rollout_func(prompts, trainer):  # what TRL's _generate gets back from its rollout_func
-        out = rollout(prompts, trainer)
-        received.append(out)
-        return out
-
-    torch.manual_seed(0)
-    config = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=1, learning_rate=1e-3,
-                        per_device_train_batch_size=2, num_generations=2, max_completion_length=512,
-                        beta=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
-                        disable_tqdm=True, seed=0)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                          processing_class=AutoTokenizer.from_pretrained(model_dir), args=config,
-                          train_dataset=Dataset.from_list([{"prompt": "fix romanum-14"}]),
-                          reward_funcs=[service_reward], rollout_func=rollout_func)
-    try:
-        trainer.train()
-    finally:
-        rollout.close()
-    [out] = received
-    [result] = rollout.results
+    step = grpo_step_on_samples(service.cluster.gateway_url, instance, tmp_path / "trl", prompt="fix romanum-14",
+                                max_completion_length=512, sampling_params={"max_tokens": 256})
+    out, result, logged = step.out, step.result, step.logged
     assert result["reward"] == 1.0 and out["sample_origin"] == ["main", "subagent"]
     samples = {s["origin"]: s for s in result["trajectory"]["samples"]}
     for row, origin in enumerate(out["sample_origin"]):
@@ -139,6 +110,5 @@ def test_trl_grpo_trainer_receives_both_claude_code_samples(service, harness_llm
         assert out["env_mask"][row] == samples[origin]["response_mask"]
         assert out["logprobs"][row] == samples[origin]["response_logprobs"]
     check_samples(result["trajectory"], harness_llm.log())
-    [logged] = [h for h in trainer.state.log_history if "reward" in h]
     lengths = [sum(samples[o]["response_mask"]) for o in ("main", "subagent")]
     assert logged["completions/mean_length"] == pytest.approx(sum(lengths) / 2) and logged["reward"] == 1.0

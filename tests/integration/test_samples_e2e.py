@@ -11,6 +11,7 @@ import pytest
 from tests.integration.test_endpoint_samples import check_samples
 from tests.support.agents import SUBAGENT_AGENT, SUBAGENT_RULES
 from tests.support.services import rules_file, start_llm_server
+from tests.support.trl_step import grpo_step_on_samples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,38 +51,9 @@ def test_a_sub_agent_and_a_title_call_are_samples_each_exact(service, samples_ll
 
 def test_trl_grpo_trainer_receives_the_main_and_the_sub_agent_sample(service, samples_llm, tmp_path):
     pytest.importorskip("trl", reason="TRL is the 'trl' extra")
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    from prorl_celery.dev.devmodels import ensure_tiny_model
-    from prorl_celery.trainer.integrations.trl import ProrlRollout, service_reward
-
-    model_dir = ensure_tiny_model("qwen3")
-    rollout = ProrlRollout(service.cluster.gateway_url, instance_for=lambda _: dict(INSTANCE), samples_per_rollout=2)
-    received: list[dict] = []
-
-    def rollout_func(prompts, trainer):  # what TRL's _generate gets back from its rollout_func
-        out = rollout(prompts, trainer)
-        received.append(out)
-        return out
-
-    torch.manual_seed(0)
-    config = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=1, learning_rate=1e-3,
-                        per_device_train_batch_size=2, num_generations=2, max_completion_length=256,
-                        beta=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
-                        disable_tqdm=True, seed=0)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                          processing_class=AutoTokenizer.from_pretrained(model_dir), args=config,
-                          train_dataset=Dataset.from_list([{"prompt": "List the workspace."}]),
-                          reward_funcs=[service_reward], rollout_func=rollout_func)
-    try:
-        trainer.train()
-    finally:
-        rollout.close()
-    [out] = received
-    [result] = rollout.results  # one rollout filled the group's two rows
+    step = grpo_step_on_samples(service.cluster.gateway_url, INSTANCE, tmp_path / "trl",
+                                prompt="List the workspace.", max_completion_length=256)
+    out, result, logged = step.out, step.result, step.logged
     assert out["sample_origin"] == ["main", "subagent"] and out["service_reward"] == [1.0, 1.0]
     samples = {s["origin"]: s for s in result["trajectory"]["samples"]}
     for row, origin in enumerate(out["sample_origin"]):
@@ -90,11 +62,10 @@ def test_trl_grpo_trainer_receives_the_main_and_the_sub_agent_sample(service, sa
         assert out["env_mask"][row] == samples[origin]["response_mask"]
     check_samples(result["trajectory"], samples_llm.log())
     # TRL trained on both rows: its logged completion lengths are the two samples' model tokens
-    [logged] = [h for h in trainer.state.log_history if "reward" in h]
     lengths = [sum(samples[o]["response_mask"]) for o in ("main", "subagent")]
     assert logged["completions/mean_length"] == pytest.approx(sum(lengths) / 2)
     assert logged["completions/max_length"] == max(lengths) and logged["reward"] == 1.0
-    assert rollout.timings[0].samples == 2 and rollout.timings[0].samples_left_out == 0
+    assert step.timing.samples == 2 and step.timing.samples_left_out == 0
 
 
 def test_the_dapo_collector_hands_over_every_sample(service, samples_llm):

@@ -5,14 +5,13 @@ page order, in one shell. The Python blocks are the example files themselves (te
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from prorl_celery.dev.local import free_port
 from tests.support.doc_blocks import code_blocks, page_script
-from tests.support.processes import prorl_up, stop_group
+from tests.support.processes import prorl_up, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "trainer.md"
@@ -30,13 +29,8 @@ def test_trainer_guide_programs_run_against_prorl_up(tmp_path):
     with prorl_up(tmp_path / "state", port) as (_, env):
         script = page_script(PAGE, {":8080": f":{port}", "/tmp/math.results.jsonl": str(tmp_path / "math.jsonl"),
                                     "/tmp/prorl-trl-example": str(tmp_path / "trl")})
-        shell = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            output, _ = shell.communicate(timeout=1500)
-        finally:
-            stop_group(shell)
-    assert shell.returncode == 0, output[-5000:]
+        returncode, output = run_script(script, ROOT, env, 1500)
+    assert returncode == 0, output[-5000:]
     # the client: one job, a group of four valid rewards, a cancelled job with no reward
     assert re.search(r"^\w+: completed, reward 0\.0, \d+ prompt and \d+ response tokens$", output, re.M), output
     assert re.search(r"^group \w+: 4 valid rewards \[0\.0, 0\.0, 0\.0, 0\.0\]$", output, re.M)

@@ -78,3 +78,15 @@ def stop_group(process: subprocess.Popen, sig: int = signal.SIGKILL, wait_s: flo
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def run_script(script: str, cwd: Path, env: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """Run a bash script in a session of its own; its exit status and output (stderr in it).
+    Whatever it left running (a server started with ``&``) is stopped afterwards."""
+    shell = subprocess.Popen(["bash", "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = shell.communicate(timeout=timeout_s)
+    finally:
+        stop_group(shell)
+    return shell.returncode, output
