@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from tests.integration.test_openai_endpoint import TOOLS, Harness, log_of, whole
 from tests.support.agents import tool_call
+from tests.support.endpoint import TOOLS, Harness, check_samples, log_of, whole
 
 TASK_TOOL = [{"type": "function", "function": {"name": "task", "description": "run a sub-agent", "parameters": {
     "type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}}}]
@@ -28,25 +28,6 @@ MAIN = [{"role": "system", "content": "MAIN-SYS You lead."}, {"role": "user", "c
 @pytest.fixture
 def backend(scripted_llm_server):
     return scripted_llm_server(RULES)
-
-
-def check_samples(trajectory: dict, log: list[dict]) -> None:
-    """Every sample is exactly the last backend request of its turns plus its output; its model
-    tokens and logprobs are the backend's."""
-    assert len(trajectory["turns"]) == len(log)
-    by_sample: dict[int, list[dict]] = {}
-    for turn, entry in zip(trajectory["turns"], log):
-        by_sample.setdefault(turn["sample"], []).append(entry)
-    assert sorted(by_sample) == [s["sample"] for s in trajectory["samples"]]
-    for sample in trajectory["samples"]:
-        entries = by_sample[sample["sample"]]
-        assert whole(sample) == entries[-1]["prompt_ids"] + entries[-1]["output_ids"]
-        assert sample["prompt_ids"] == entries[0]["prompt_ids"]
-        model = [t for t, m in zip(sample["response_ids"], sample["response_mask"]) if m]
-        assert model == [t for e in entries for t in e["output_ids"]]
-        assert [x for x, m in zip(sample["response_logprobs"], sample["response_mask"]) if m] == \
-            [x for e in entries for x in e["logprobs"]]
-        assert sample["num_turns"] == len(entries)
 
 
 def test_sub_agents_and_a_small_model_call_are_samples_of_their_own(backend, qwen3_tokenizer):

@@ -47,9 +47,9 @@ from prorl_celery.state import keys
 from prorl_celery.state.store import JobStore
 from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
-from tests.integration.test_faults import assert_no_sandbox_process, sandbox_processes
 from tests.support.aof_redis import AofRedis
 from tests.support.faulty_backend import FaultyBackend
+from tests.support.sandboxes import assert_no_sandbox_process, sandbox_processes
 from tests.support.services import ROOT, Gateway, LLMServer, eventually, start_llm_server
 
 pytestmark = [

@@ -10,7 +10,6 @@ of a cluster's sandboxes may be left at all, recorded or not (:func:`sandbox_pro
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -27,6 +26,7 @@ from prorl_celery.state import keys
 from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
 from tests.support.aof_redis import AofRedis
+from tests.support.sandboxes import assert_no_sandbox_process, sandbox_processes
 from tests.support.services import ROOT, Gateway, eventually
 
 RUN_CONCURRENCY = 64
@@ -145,33 +145,6 @@ def time_to_no_sandbox(cluster: LocalCluster, seen: list[SandboxRecord], since: 
         trace.append((round(elapsed, 1), left))
         assert elapsed < limit_s + 30, f"(ledger, leases, processes, worker children) left: {trace[::10]}"
         time.sleep(0.1)
-
-
-def sandbox_processes(sandbox_dir: Path) -> list[str]:
-    """Every live process of the sandboxes under ``sandbox_dir``, found without any record:
-    bwrap, its inner child and the tool server all write to their sandbox's log,
-    ``<sandbox dir>/state/<id>/server.log``, which /proc/<pid>/fd names even once it is removed
-    (other test runs on this machine have their bwraps' logs elsewhere)."""
-    prefix = os.path.realpath(sandbox_dir) + os.sep
-    found = []
-    for info in procfs.scan():
-        try:
-            links = [os.readlink(f"/proc/{info.pid}/fd/{fd}") for fd in (1, 2)]
-            cmdline = Path(f"/proc/{info.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-        except OSError:  # gone, or without that descriptor
-            continue
-        if info.state not in "ZX" and any(link.startswith(prefix) for link in links):
-            found.append(f"{info.pid} (ppid {info.ppid}, session {info.session}) {cmdline}")
-    return found
-
-
-def assert_no_sandbox_process(sandbox_dir: Path) -> None:
-    """No process of the sandboxes under ``sandbox_dir`` runs; any found is killed, then reported."""
-    left = sandbox_processes(sandbox_dir)
-    for line in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line.split()[0]), signal.SIGKILL)
-    assert not left, "sandbox processes survived:\n" + "\n".join(left)
 
 
 def run_worker(cluster: LocalCluster) -> ManagedProcess:

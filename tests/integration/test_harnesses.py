@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from tests.integration.test_endpoint_samples import check_samples
 from tests.support.agents import ROMANUM_ID
+from tests.support.endpoint import check_samples
 from tests.support.harnesses import DELEGATE, HARNESS_RULES, require_harness
 from tests.support.services import rules_file, start_llm_server
 from tests.support.swe import ROMANUM

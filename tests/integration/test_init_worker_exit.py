@@ -35,6 +35,7 @@ from prorl_celery.state import keys
 from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from singularity.runtime import SandboxRecord, procfs
 from tests.support.agents import tool_call
+from tests.support.sandboxes import sandbox_pids
 from tests.support.services import ROOT, Gateway, LLMServer, eventually, rules_file, start_llm_server
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
@@ -195,19 +196,4 @@ def test_stopping_the_whole_service_stops_the_sandboxes_of_jobs_waiting_for_run(
         records = ledger(cluster, node)
         assert {r.job_id for r in records} == {busy, *waiting} and all(running(r) for r in records)
     assert not any(running(r) for r in records)
-    assert not worker_sandbox_processes(sandbox_dir)
-
-
-def worker_sandbox_processes(sandbox_dir) -> list[int]:
-    """Live processes of the sandboxes under ``sandbox_dir``, recorded or not: bwrap, its inner
-    child and the tool server all write to their sandbox's log there (tests/integration/test_faults.py)."""
-    prefix = os.path.realpath(sandbox_dir) + os.sep
-    found = []
-    for info in procfs.scan():
-        try:
-            links = [os.readlink(f"/proc/{info.pid}/fd/{fd}") for fd in (1, 2)]
-        except OSError:
-            continue
-        if info.state not in "ZX" and any(link.startswith(prefix) for link in links):
-            found.append(info.pid)
-    return found
+    assert not sandbox_pids(sandbox_dir)

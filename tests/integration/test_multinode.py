@@ -13,24 +13,19 @@ server on the bridge's root-namespace address, which every node reaches.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
 from prorl_celery.core.status import JobStatus, Stage
-from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
 from prorl_celery.state import keys
 from prorl_celery.state.leases import reap_expired
 from prorl_celery.state.store import JobStore
-from tests.support.multinode import MultiNodeCluster, Node
+from tests.support.multinode import MultiNodeCluster, Node, start_llm, wait_for_llm
 from tests.support.netns import Namespaces, NetnsUnavailable
-from tests.support.services import RULES
 
 LEASE_S = 3.0
 BOUND_S = LEASE_S + 30  # the issue's bound on how long a cut node's jobs may take to end
@@ -42,22 +37,6 @@ ENV = {"PRORL_HANDLERS": "localfault=tests.support.handlers:LocalFaultHandler", 
 ONE_POOL = {"init,run,eval": 3}
 # ...a bigger one a pool per stage (9 worker processes for 3 nodes)
 STAGE_POOLS = {"init": 2, "run": 2, "eval": 1}
-
-
-def start_llm(tokenizer: str, host: str, log_dir: Path) -> tuple[ManagedProcess, str]:
-    """The scripted LLM server; not waited for (it loads while the cluster starts)."""
-    port = free_port()
-    log = log_dir / "llm.log"
-    with open(log, "wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(RULES),
-                                  "--tokenizer", tokenizer, "--host", host, "--port", str(port)],
-                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    return ManagedProcess("llm", popen, log), f"http://{host}:{port}/v1"
-
-
-def wait_for_llm(process: ManagedProcess, url: str) -> None:
-    health = url.removesuffix("/v1") + "/health"
-    wait_until(lambda: httpx.get(health).status_code == 200, 120, "LLM server", process)
 
 
 class Jobs:

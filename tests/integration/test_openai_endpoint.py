@@ -9,11 +9,8 @@ import json
 
 import pytest
 
-from tests.support.endpoint import KEY, Harness, log_of, whole
+from tests.support.endpoint import KEY, TOOLS, Harness, log_of, whole
 from tests.support.services import eventually
-
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
 
 def call(name: str, **arguments) -> str:

@@ -90,7 +90,7 @@ def env(request, tmp_path) -> Env:
 
 @pytest.fixture(scope="session")
 def rootfs_image() -> str:
-    from tests.integration.test_images_build import build_test_rootfs
+    from tests.support.images import build_test_rootfs
     return str(build_test_rootfs())
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_endpoint_samples import check_samples
 from tests.support.agents import SUBAGENT_AGENT, SUBAGENT_RULES
+from tests.support.endpoint import check_samples
 from tests.support.services import rules_file, start_llm_server
 from tests.support.trl_step import grpo_step_on_samples
 

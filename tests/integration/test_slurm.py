@@ -28,7 +28,7 @@ import pytest
 
 from prorl_celery.dev.local import wait_until
 from prorl_celery.trainer.client import RolloutClient
-from tests.integration.test_multinode import start_llm, wait_for_llm
+from tests.support.multinode import start_llm, wait_for_llm
 from tests.support.slurm import (
     Service,
     SlurmCluster,

@@ -22,7 +22,7 @@ from prorl_celery.state import keys
 from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
 from prorl_celery.worker.warm_pool import POOL_PREFIX
 from singularity.runtime import SandboxRecord, procfs
-from tests.integration.test_init_worker_exit import worker_sandbox_processes
+from tests.support.sandboxes import sandbox_pids
 from tests.support.services import ROOT, Gateway, eventually
 
 pytestmark = [pytest.mark.integration,
@@ -46,7 +46,7 @@ def pooled(qwen3_tokenizer, tmp_path_factory):
     with cluster, Gateway(cluster) as gateway:
         gateway.node, gateway.sandbox_dir = node, sandbox_dir
         yield gateway
-    assert not worker_sandbox_processes(sandbox_dir), "a sandbox outlived the cluster"
+    assert not sandbox_pids(sandbox_dir), "a sandbox outlived the cluster"
 
 
 def pool_entries(gateway) -> list[SandboxRecord]:
@@ -162,7 +162,7 @@ def test_an_init_worker_killed_with_a_full_pool_leaves_no_sandbox_running(pooled
     eventually(lambda: not pool_entries(pooled) and not any(running(r) for r in before), 15,
                "the dead INIT worker's pool reaped")
     reaped_s = time.monotonic() - killed_at
-    assert not worker_sandbox_processes(pooled.sandbox_dir), "a sandbox process outlived its ledger entry"
+    assert not sandbox_pids(pooled.sandbox_dir), "a sandbox process outlived its ledger entry"
     assert not any(os.path.exists(r.workspace) for r in before)
     replace_init_worker(pooled)
     full(pooled)  # the new INIT worker's own pool

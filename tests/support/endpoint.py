@@ -15,6 +15,9 @@ from prorl_celery.llm.session import TokenSession
 from prorl_celery.llm.tokenizer import load_tokenizer
 
 KEY = "job-key-0123456789"
+#: the one tool the endpoint tests offer
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
 
 def log_of(server) -> list[dict]:
@@ -79,3 +82,22 @@ def check_exact(trajectory: dict, log: list[dict]) -> None:
         assert model == [t for e in entries for t in e["output_ids"]]
         logprobs = [x for x, m in zip(segment["response_logprobs"], segment["response_mask"]) if m]
         assert logprobs == [x for e in entries for x in e["logprobs"]]
+
+
+def check_samples(trajectory: dict, log: list[dict]) -> None:
+    """Every sample is exactly the last backend request of its turns plus its output; its model
+    tokens and logprobs are the backend's."""
+    assert len(trajectory["turns"]) == len(log)
+    by_sample: dict[int, list[dict]] = {}
+    for turn, entry in zip(trajectory["turns"], log):
+        by_sample.setdefault(turn["sample"], []).append(entry)
+    assert sorted(by_sample) == [s["sample"] for s in trajectory["samples"]]
+    for sample in trajectory["samples"]:
+        entries = by_sample[sample["sample"]]
+        assert whole(sample) == entries[-1]["prompt_ids"] + entries[-1]["output_ids"]
+        assert sample["prompt_ids"] == entries[0]["prompt_ids"]
+        model = [t for t, m in zip(sample["response_ids"], sample["response_mask"]) if m]
+        assert model == [t for e in entries for t in e["output_ids"]]
+        assert [x for x, m in zip(sample["response_logprobs"], sample["response_mask"]) if m] == \
+            [x for e in entries for x in e["logprobs"]]
+        assert sample["num_turns"] == len(entries)

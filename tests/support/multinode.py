@@ -18,6 +18,7 @@ import httpx
 import redis
 
 from prorl_celery.dev.local import ManagedProcess, free_port, redis_server_binary, wait_until
+from tests.support.services import RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,3 +136,19 @@ class MultiNodeCluster:
         if redis_last:
             redis_last[-1].stop(grace_s)
         self.processes.clear()
+
+
+def start_llm(tokenizer: str, host: str, log_dir: Path) -> tuple[ManagedProcess, str]:
+    """The scripted LLM server; not waited for (it loads while the cluster starts)."""
+    port = free_port()
+    log = log_dir / "llm.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(RULES),
+                                  "--tokenizer", tokenizer, "--host", host, "--port", str(port)],
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return ManagedProcess("llm", popen, log), f"http://{host}:{port}/v1"
+
+
+def wait_for_llm(process: ManagedProcess, url: str) -> None:
+    health = url.removesuffix("/v1") + "/health"
+    wait_until(lambda: httpx.get(health).status_code == 200, 120, "LLM server", process)

@@ -1,7 +1,10 @@
 """Sandbox runtimes with injected faults, for the teardown tests."""
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -58,3 +61,35 @@ def stalled_bwrap(directory: Path) -> tuple[Path, Path]:
     script.write_text(f"#!{sys.executable} -I\n" + STALLED_BWRAP.format(pid_file=str(pid_file), bwrap=bwrap))
     script.chmod(0o755)
     return script, pid_file
+
+
+def sandbox_processes(sandbox_dir: Path) -> list[str]:
+    """Every live process of the sandboxes under ``sandbox_dir``, found without any record:
+    bwrap, its inner child and the tool server all write to their sandbox's log,
+    ``<sandbox dir>/state/<id>/server.log``, which /proc/<pid>/fd names even once it is removed
+    (other test runs on this machine have their bwraps' logs elsewhere)."""
+    prefix = os.path.realpath(sandbox_dir) + os.sep
+    found = []
+    for info in procfs.scan():
+        try:
+            links = [os.readlink(f"/proc/{info.pid}/fd/{fd}") for fd in (1, 2)]
+            cmdline = Path(f"/proc/{info.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:  # gone, or without that descriptor
+            continue
+        if info.state not in "ZX" and any(link.startswith(prefix) for link in links):
+            found.append(f"{info.pid} (ppid {info.ppid}, session {info.session}) {cmdline}")
+    return found
+
+
+def assert_no_sandbox_process(sandbox_dir: Path) -> None:
+    """No process of the sandboxes under ``sandbox_dir`` runs; any found is killed, then reported."""
+    left = sandbox_processes(sandbox_dir)
+    for line in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not left, "sandbox processes survived:\n" + "\n".join(left)
+
+
+def sandbox_pids(sandbox_dir: Path) -> list[int]:
+    """The pids :func:`sandbox_processes` finds."""
+    return [int(line.split()[0]) for line in sandbox_processes(sandbox_dir)]
