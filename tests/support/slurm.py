@@ -385,10 +385,12 @@ def statuses_on_disk(redis_dir: Path, job_ids: list[str], log_dir: Path) -> dict
 def service_env(slurm: SlurmCluster, work: Path, **overrides: str) -> dict[str, str]:
     """The environment ``prorl.sbatch`` is submitted with: the repository as PRORL_HOME, Redis's
     file and the sandboxes under ``work``, small pools (a 2-core machine runs every node), quick
-    heartbeats, and the test handlers; in the single-node layout, free ports (every process
-    shares this machine's network namespace)."""
+    heartbeats, and the test handlers (this checkout on PYTHONPATH); in the single-node layout,
+    free ports (every process shares this machine's network namespace)."""
     single = slurm.layout == "single"
     return slurm.env(**{
+        # the test handlers are imported from this checkout's tests/ by the allocation's workers
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "PRORL_HOME": str(ROOT), "PRORL_REDIS_DIR": str(work / "redis"), "PRORL_SANDBOX_DIR": str(work / "sandboxes"),
         "INIT_WORKERS": "2", "RUN_WORKERS": "4", "EVAL_WORKERS": "1", "PRORL_GATEWAY_WORKERS": "1",
         "PRORL_HEARTBEAT_S": "1", "PRORL_LEASE_S": "10", "PRORL_REAPER_INTERVAL_S": "1",
