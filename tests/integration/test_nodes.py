@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 import httpx
+import pytest
 
 from prorl_celery.dev.local import wait_until
 from tests.support.multinode import MultiNodeCluster, Node
@@ -50,6 +51,7 @@ def results(http: httpx.Client, job_ids: list[str], timeout_s: float = 90) -> di
     return out
 
 
+@pytest.mark.extended  # kept out of the default run's 10 minutes; CI's extended phase runs it
 def test_a_node_drains_during_a_run_without_losing_a_rollout_and_comes_back(tmp_path):
     a, b = Node("dr-a", "127.0.0.1"), Node("dr-b", "127.0.0.1")
     with MultiNodeCluster([a, b], tmp_path, ENV, POOL) as cluster:

@@ -192,6 +192,7 @@ def test_replay_reproduces_every_observation_and_the_reward_without_asking_the_m
     assert result["trajectory"]["backend"] == "journal"
 
 
+@pytest.mark.extended  # kept out of the default run's 10 minutes; CI's extended phase runs it
 def test_replay_names_the_observation_that_differs_and_the_cli_says_so(cluster, llm, tokenizer):
     llm.reset()
     with Gateway(cluster) as gateway:

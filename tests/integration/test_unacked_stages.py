@@ -87,6 +87,7 @@ def check_a_busy_worker_leaves_the_queue_to_another(setup, stages: Stage | tuple
     assert broker.hlen("unacked") == 0
 
 
+@pytest.mark.extended  # kept out of the default run's 10 minutes; CI's extended phase runs it
 def test_a_busy_worker_leaves_the_queue_to_another(one_thread_init) -> None:
     check_a_busy_worker_leaves_the_queue_to_another(one_thread_init, Stage.INIT, slow_s=25)
 
@@ -111,6 +112,7 @@ def republished(state: redis.Redis) -> int:
     return int(state.hget(keys.METRIC_COUNTERS, "republished_messages") or 0)
 
 
+@pytest.mark.extended  # kept out of the default run's 10 minutes; CI's extended phase runs it
 def test_lost_messages_are_published_again_and_a_backlog_is_not(no_init_worker) -> None:
     cluster, gateway, state, broker = no_init_worker
     job = post(gateway)
@@ -171,6 +173,7 @@ def test_a_mixed_worker_hands_over_from_one_queue_to_the_other_at_once(init_eval
     assert broker.hlen("unacked") == 0  # RUN's acks (at admission) left nothing behind either
 
 
+@pytest.mark.extended  # kept out of the default run's 10 minutes; CI's extended phase runs it
 def test_a_busy_mixed_worker_leaves_the_queue_to_another(init_eval_worker) -> None:
     check_a_busy_worker_leaves_the_queue_to_another(init_eval_worker, (Stage.INIT, Stage.EVAL), slow_s=15)
 
