@@ -10,7 +10,8 @@ from tests.support.agents import ANTHROPIC_AGENT, API_AGENT_RULES, RESPONSES_AGE
 from tests.support.endpoint import check_exact
 from tests.support.services import rules_file, start_llm_server
 
-pytestmark = pytest.mark.timeout(300)
+# kept out of the default run's 10 minutes (CI's extended phase runs it every time)
+pytestmark = [pytest.mark.extended, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

@@ -68,6 +68,7 @@ def test_claude_code_fixes_romanum(service, harness_llm):
     assert trajectory["samples"][trajectory.get("primary_sample", 0)]["origin"] == "main"
 
 
+@pytest.mark.extended  # kept out of the default run's 10 minutes (CI's extended phase runs it every time)
 def test_claude_code_task_tool_gives_a_sample_per_agent(service, harness_llm):
     result, trajectory = solve(service, harness_llm, "claude-code", task=DELEGATE + ROMANUM["problem_statement"])
     origins = [s["origin"] for s in trajectory["samples"]]

@@ -38,7 +38,9 @@ from tests.support.services import Gateway, LLMServer, eventually, rules_file, s
 TURNS = 8  # the math family's cap on max_iterations
 ANSWER = str(2 ** (TURNS - 1) - 1)  # x after TURNS - 2 steps of x = 2 * x + 1 from 1
 LEASE_S = 3.0
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+# kept out of the default run's 10 minutes (CI's extended phase runs it every time)
+pytestmark = [pytest.mark.extended,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
 
 
 def tool_call(code: str) -> str:

@@ -13,7 +13,8 @@ from tests.support.endpoint import check_samples
 from tests.support.services import rules_file, start_llm_server
 from tests.support.trl_step import grpo_step_on_samples
 
-pytestmark = pytest.mark.timeout(300)
+# kept out of the default run's 10 minutes (CI's extended phase runs it every time)
+pytestmark = [pytest.mark.extended, pytest.mark.timeout(300)]
 
 INSTANCE = {"data_source": "agent", "command": "python3 agent.py", "task": "List the workspace.",
             "files": {"agent.py": SUBAGENT_AGENT, "a.txt": "x"},

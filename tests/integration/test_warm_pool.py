@@ -25,7 +25,8 @@ from singularity.runtime import SandboxRecord, procfs
 from tests.support.sandboxes import sandbox_pids
 from tests.support.services import ROOT, Gateway, eventually
 
-pytestmark = [pytest.mark.integration,
+# kept out of the default run's 10 minutes (CI's extended phase runs it every time)
+pytestmark = [pytest.mark.extended, pytest.mark.integration,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
 
 POOL_SIZE = 2
