@@ -10,8 +10,10 @@ A sandbox belongs to its job, not to the worker that started it: it is started w
 it handed to RUN keep their sandboxes. Every worker on a node reaps at start-up and on each
 reaper tick: every failed stop whose retry is due, until it succeeds, and the sandboxes of dead
 owners that no job holds any more (:meth:`JobSandboxes.still_needed`, read from the job's
-record). An EVAL sandbox (job id ``<job>-eval``) is its EVAL worker's alone: no job record
-names it, so it is reaped once that worker is gone.
+record), and those a live owner was left with after its job let go of them
+(:meth:`JobSandboxes.released`: a RUN worker lost before it adopted the sandbox). An EVAL
+sandbox (job id ``<job>-eval``) is its EVAL worker's alone: no job record names it, so it is
+reaped once that worker is gone.
 """
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ from singularity.runtime import (
     Limits,
     ProcessRef,
     ReapReport,
+    Released,
     Runtime,
     SandboxRecord,
     SandboxSpec,
     StillNeeded,
+    kept_by_owner,
     make_runtime,
     procfs,
     reap,
@@ -57,6 +61,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 2.0
 #: the statuses in which a job holds the sandbox its record names after INIT has handed it over
 HOLDING = frozenset({JobStatus.PENDING_RUN, JobStatus.RUN})
+#: the statuses in which INIT may be starting a sandbox for the job's current attempt
+STARTING = frozenset({JobStatus.PENDING_INIT, JobStatus.INIT})
 #: the job record's fields that say whether it holds a sandbox (one HMGET, not the whole record)
 _HOLDER_FIELDS = ("status", "sandbox", "run_node", "worker_pid")
 
@@ -160,9 +166,17 @@ class JobSandboxes:
 
     def reap(self) -> int:
         """Stop the sandboxes on this node whose owner process died and that no job holds
-        (:meth:`still_needed`), and retry the failed stops that are due; returns how many
-        were tried."""
-        return self._reap(self.still_needed)
+        (:meth:`still_needed`), those whose live owner was left with one its job let go of
+        (:meth:`released`), and retry the failed stops that are due; returns how many were tried.
+
+        The entries are listed before their jobs are read (one round trip for all): a sandbox
+        listed was started before its job's record is read, so a record that names another
+        sandbox has moved past this one."""
+        records = self.ledger.list(self.node)
+        holders = self._holders({record.job_id for record in records})
+        return self._reap(lambda record: self._still_needed(record, holders.get(record.job_id)),
+                          released=lambda record: self._released(record, holders.get(record.job_id)),
+                          records=records)
 
     def close_abandoned(self, owners: Collection[int]) -> int:
         """Stop every sandbox on this node whose owner, one of the process ids ``owners``, is
@@ -179,13 +193,14 @@ class JobSandboxes:
         of the job step. Returns how many were tried."""
         return self._reap(lambda record: False)
 
-    def _reap(self, still_needed: StillNeeded) -> int:
+    def _reap(self, still_needed: StillNeeded, released: Released = kept_by_owner,
+              records: list[SandboxRecord] | None = None) -> int:
         reports = reap(self.ledger, self.node, allocator=self.allocator, grace_s=STOP_GRACE_S,
-                       still_needed=still_needed)
+                       still_needed=still_needed, released=released, records=records)
         for report in reports:
             if report.stop_failures == 0:
-                log.warning("reaped sandbox %s of job %s (owner %s gone, or a failed stop retried)",
-                            report.sandbox_id, report.job_id, report.worker)
+                log.warning("reaped sandbox %s of job %s (owner %s gone or let go of it, or a failed stop "
+                            "retried)", report.sandbox_id, report.job_id, report.worker)
                 self._remove_workspace(report.workspace)
         return len(reports)
 
@@ -198,18 +213,54 @@ class JobSandboxes:
         Every other sandbox is the reaper's: its job ended or is gone, was retried with another
         sandbox, or is still in ``init`` (its INIT died with the owner: the lease retries it
         with a new sandbox); an EVAL sandbox has no job record of its own."""
-        job = self._holder(record.job_id)
+        return self._still_needed(record, self._holder(record.job_id))
+
+    def released(self, record: SandboxRecord) -> bool:
+        """Has the job let go of this sandbox, whose owner process lives?
+
+        The owner stops its sandboxes itself in the normal course; this catches the ones it
+        never will. A RUN worker that dies between claiming a job and adopting its sandbox
+        leaves it with INIT's live worker, and the job moves on without it (retried with another
+        sandbox, or ended). So it is let go of once the job ended, or once the job is past INIT
+        and no longer holds it (:meth:`still_needed`'s rule): its record names another sandbox
+        (unless the job's own RUN is starting that one: a resume that diverged), or its RUN is
+        not alive on this node. Kept while the job is in ``pending_init`` or ``init`` (INIT may be
+        starting it for the current attempt) and when no job record names the entry (a warm
+        pool's own sandbox, an EVAL sandbox: their owners' alone)."""
+        return self._released(record, self._holder(record.job_id))
+
+    def _still_needed(self, record: SandboxRecord, job: JobRecord | None) -> bool:
         if job is None or job.status not in HOLDING or (job.sandbox or {}).get("id") != record.sandbox_id:
             return False
         if job.status is JobStatus.RUN:
             return job.run_node == record.node and job.worker_pid is not None and _running(job.worker_pid)
         return True
 
+    def _released(self, record: SandboxRecord, job: JobRecord | None) -> bool:
+        if job is None or job.status in STARTING:
+            return False
+        if job.status.terminal:
+            return True
+        if (job.sandbox or {}).get("id") != record.sandbox_id and job.status is JobStatus.RUN \
+                and job.run_node == record.node and job.worker_pid == record.owner.pid:
+            return False  # its RUN is starting a fresh one: the record names it next
+        return not self._still_needed(record, job)
+
     def _holder(self, job_id: str) -> JobRecord | None:
         """The fields of ``job_id``'s record that :meth:`still_needed` reads (None: no such job)."""
-        values = self.redis.hmget(keys.job(job_id), list(_HOLDER_FIELDS))
-        raw = {name: _text(value) for name, value in zip(_HOLDER_FIELDS, values) if value}
-        return decode_record({"id": job_id, **raw}) if "status" in raw else None
+        return self._holders({job_id}).get(job_id)
+
+    def _holders(self, job_ids: Collection[str]) -> dict[str, JobRecord]:
+        """:meth:`_holder` for each of ``job_ids``, in one round trip (those with a record)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), list(_HOLDER_FIELDS))
+        found = {}
+        for job_id, values in zip(job_ids, pipe.execute()):
+            raw = {name: _text(value) for name, value in zip(_HOLDER_FIELDS, values) if value}
+            if "status" in raw:
+                found[job_id] = decode_record({"id": job_id, **raw})
+        return found
 
     def _remove_workspace(self, workspace: str) -> None:
         """Remove a job workspace this node made (never a path outside ``workspaces/``)."""

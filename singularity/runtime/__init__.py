@@ -9,8 +9,9 @@
     SandboxLedger (ledger.py)       who owns which sandbox, and which stops failed
     teardown(), reap() (stopping.py)  the one way a sandbox is torn down; the reaper
                                     (dead owners whose sandboxes no job holds, as the
-                                    caller's still_needed says; failed stops, retried
-                                    with backoff)
+                                    caller's still_needed says; live owners' that their
+                                    job let go of, as its released says; failed stops,
+                                    retried with backoff)
     procfs.py                       members of a sandbox and how they are stopped, via /proc
 
 In SWE-ReX's terms a Runtime here is a *deployment* (where a sandbox lives: start, teardown)
@@ -41,7 +42,7 @@ from .layout import DEV_IMAGE
 from .ledger import FileSandboxLedger, SandboxLedger, SandboxRecord
 from .process import ProcessRuntime
 from .procfs import ProcessRef
-from .stopping import ReapReport, StillNeeded, reap, retry_delay, teardown
+from .stopping import ReapReport, Released, StillNeeded, kept_by_owner, reap, retry_delay, teardown
 
 RUNTIMES: dict[str, type[Runtime]] = {
     "bubblewrap": BubblewrapRuntime,
@@ -89,7 +90,9 @@ __all__ = [
     "SandboxStartError",
     "SandboxStartTimeout",
     "SandboxStopError",
+    "Released",
     "StillNeeded",
+    "kept_by_owner",
     "make_runtime",
     "reap",
     "retry_delay",

@@ -18,7 +18,8 @@ whose owner process is gone only once nobody holds it any more, which the caller
 ``still_needed(record)`` (the service asks the job's record: a job that INIT handed to RUN still
 holds the sandbox its INIT worker started, and RUN adopts it). Without a ``still_needed`` the
 owner's death ends the sandbox. This module stays free of any job store: the predicate is the
-caller's.
+caller's. A live owner's sandbox is in use, unless the caller's ``released(record)`` says its
+job let go of it (the service: the job moved on while a RUN that never adopted it was lost).
 
 The job workspace is never removed here: the caller that made it decides (the report carries it).
 """
@@ -109,6 +110,9 @@ def teardown(record: SandboxRecord, *, ledger: SandboxLedger | None = None,
 
 #: is a sandbox whose owner process is gone still held by its job? (the caller's answer)
 StillNeeded = Callable[[SandboxRecord], bool]
+#: has a sandbox's live owner been left holding a sandbox nobody will use or stop? (the caller's
+#: answer: an owner that died half-way through a hand-over, its job moved on without it)
+Released = Callable[[SandboxRecord], bool]
 
 
 def owner_only(record: SandboxRecord) -> bool:
@@ -116,26 +120,37 @@ def owner_only(record: SandboxRecord) -> bool:
     return False
 
 
+def kept_by_owner(record: SandboxRecord) -> bool:
+    """The default ``released``: a live owner's sandbox is in use."""
+    return False
+
+
 def due(record: SandboxRecord, now: float,
         owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive,
-        still_needed: StillNeeded = owner_only) -> bool:
+        still_needed: StillNeeded = owner_only, released: Released = kept_by_owner) -> bool:
     """Is ``record`` the reaper's to stop now? A failed stop, once its retry time has come;
-    any other sandbox once its owner process is dead and ``still_needed`` says nobody holds it
-    (asked only then: a live owner's sandbox is in use whatever its job says)."""
+    any other sandbox once its owner process is dead and ``still_needed`` says nobody holds it,
+    or while its owner lives, once ``released`` says its job let go of it."""
     if record.stop_failures:
         return record.retry_at <= now
-    return not owner_alive(record.owner) and not still_needed(record)
+    if owner_alive(record.owner):
+        return released(record)
+    return not still_needed(record)
 
 
 def reap(ledger: SandboxLedger, node: str, *, allocator: AddressAllocator | None = None,
          grace_s: float = 2.0, owner_alive: Callable[[ProcessRef], bool] = procfs.is_alive,
-         still_needed: StillNeeded = owner_only, now: float | None = None,
+         still_needed: StillNeeded = owner_only, released: Released = kept_by_owner,
+         records: list[SandboxRecord] | None = None, now: float | None = None,
          terminate: Terminate = _terminate) -> list[ReapReport]:
     """Tear down every sandbox of ``node`` that is :func:`due`; return what was done.
 
-    Sandboxes of live owners that never failed a stop are left alone: they are in use; so are
-    those of dead owners that ``still_needed`` keeps (another process will adopt and stop them).
+    Sandboxes of live owners that never failed a stop are left alone unless ``released`` lets
+    them go; so are those of dead owners that ``still_needed`` keeps (another process will adopt
+    and stop them). ``records``: the node's entries as the caller already listed them (before it
+    read what its predicates answer from), else listed here.
     """
     moment = time.time() if now is None else now
     return [teardown(record, ledger=ledger, allocator=allocator, grace_s=grace_s, terminate=terminate)
-            for record in ledger.list(node) if due(record, moment, owner_alive, still_needed)]
+            for record in (ledger.list(node) if records is None else records)
+            if due(record, moment, owner_alive, still_needed, released)]

@@ -32,7 +32,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ def matrix(qwen3_tokenizer, tmp_path_factory) -> Iterator[Matrix]:
             reply = gateway.post("/add_llm_server", json={"address": proxy.address()})
             assert reply.status_code == 200, reply.text
             yield found
-            eventually(lambda: not found.ledger(), 30, "every sandbox of the module closed")
+            no_sandbox_left(found, lambda record: True, 30, "every sandbox of the module closed")
         procfs.wait_until(lambda: not sandbox_processes(sandbox_dir), 30, poll_s=0.2)
         assert_no_sandbox_process(sandbox_dir)
     finally:
@@ -228,8 +228,24 @@ def fault_job(**fields: Any) -> dict[str, Any]:
 
 
 def no_sandbox_of(matrix: Matrix, job_ids: list[str], timeout_s: float = 20) -> None:
-    eventually(lambda: not [r for r in matrix.ledger() if r.job_id.removesuffix("-eval") in job_ids], timeout_s,
-               f"the sandboxes of {job_ids} closed")
+    no_sandbox_left(matrix, lambda record: record.job_id.removesuffix("-eval") in job_ids, timeout_s,
+                    f"the sandboxes of {job_ids} closed")
+
+
+def no_sandbox_left(matrix: Matrix, matching: Callable[[SandboxRecord], bool], timeout_s: float, what: str) -> None:
+    """No ledger entry ``matching`` within ``timeout_s``; else a failure naming each one left,
+    its owner's state and its job's."""
+    def left() -> list[SandboxRecord]:
+        return [record for record in matrix.ledger() if matching(record)]
+
+    try:
+        eventually(lambda: not left(), timeout_s, what)
+    except AssertionError as error:
+        found = [(record.model_dump(mode="json"), procfs.read_stat(record.owner.pid),
+                  matrix.state.hmget(keys.job(record.job_id.removesuffix("-eval")),
+                                     ["status", "attempt", "sandbox", "attempts"]))
+                 for record in left()]
+        raise AssertionError(f"{error}; left (entry, owner, job): {found}") from None
 
 
 # -- 1. the evaluator: a missing test runner, a hang, a crash ---------------------------------------

@@ -340,6 +340,13 @@ def test_a_dead_owners_sandbox_is_reaped_only_once_no_job_holds_it(tmp_path):
     assert not due(record.model_copy(update={"owner": live}), now, still_needed=held) and asked == ["s"]
     failed = record.model_copy(update={"stop_failures": 1, "retry_at": now})
     assert due(failed, now, still_needed=held) and asked == ["s"]
+    let_go: list[str] = []
+
+    def released(entry: SandboxRecord) -> bool:
+        let_go.append(entry.sandbox_id)
+        return True
+    assert due(record.model_copy(update={"owner": live}), now, released=released) and let_go == ["s"]
+    assert due(record, now, released=lambda entry: False) and let_go == ["s"]  # asked of live owners only
 
     ledger = FileSandboxLedger(tmp_path / "ledger")
     handed, orphan = _tree(), _tree()

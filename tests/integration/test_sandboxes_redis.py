@@ -243,6 +243,66 @@ def test_a_dead_owners_sandbox_is_still_needed_only_while_its_job_holds_it(state
     assert found == expected
 
 
+def test_a_live_owners_sandbox_is_released_once_its_job_moved_on_without_it(state_url, tmp_path):
+    """The owner lives (INIT's worker, or a RUN's): its sandbox is in use, unless the job let go
+    of it. The case that leaked: the RUN that claimed the job died before it adopted the
+    sandbox, so INIT's live worker still owns it while the job is retried or ended."""
+    client = redis.Redis.from_url(state_url, decode_responses=True)
+    sandboxes = JobSandboxes(client, node=NODE, runtime="process", root=str(tmp_path))
+    jobs = _Jobs(JobStore(client, result_ttl_s=60))
+    me, gone = os.getpid(), _dead_process()
+    jobs.init("in-init", "sb-init", me)
+    jobs.handed("handed", "sb-handed", me)
+    jobs.handed("retried", "sb-new", me)
+    jobs.running("run-live", "sb-run-live", me, me)
+    jobs.running("run-unadopted", "sb-unadopted", me, gone.pid)
+    jobs.running("run-elsewhere", "sb-elsewhere", me, me, node="node-b")
+    jobs.running("run-fresh", "sb-diverged", me, me)
+    jobs.handed("cancelled", "sb-cancelled", me)
+    assert jobs.store.cancel("cancelled").ok
+    expected = {("in-init", "sb-init"): False,  # INIT may be starting it for this very attempt
+                ("in-init", "sb-earlier"): False,  # nor can an earlier attempt's be told apart yet
+                ("handed", "sb-handed"): False,  # RUN will adopt it
+                ("retried", "sb-old"): True,  # the record names another sandbox
+                ("run-live", "sb-run-live"): False,  # its RUN lives and adopts it
+                ("run-unadopted", "sb-unadopted"): True,  # its RUN died before adopting it
+                ("run-elsewhere", "sb-elsewhere"): True,  # a RUN on another node cannot use it
+                ("run-fresh", "sb-fresh"): False,  # its own RUN starts it (a resume that diverged)
+                ("cancelled", "sb-cancelled"): True,
+                ("no-such-job", "sb-pool"): False,  # a warm pool's own: no job names it
+                ("handed-eval", "sb-eval"): False}  # an EVAL sandbox: its worker's alone
+    owner = ProcessRef.of(me)
+    assert owner is not None
+    found = {(job_id, sandbox_id): sandboxes.released(SandboxRecord(
+        sandbox_id=sandbox_id, node=NODE, job_id=job_id, worker="w", owner=owner, runtime="process", root=None))
+        for job_id, sandbox_id in expected}
+    assert found == expected
+
+
+def test_the_reaper_stops_a_sandbox_its_live_owner_was_left_with(state_url, tmp_path):
+    """A sandbox this (live) process started for a job whose RUN died before adopting it is
+    stopped on the next tick, its workspace and address with it; one a job in ``pending_run``
+    holds is kept."""
+    client = redis.Redis.from_url(state_url, decode_responses=True)
+    sandboxes = JobSandboxes(client, node=NODE, runtime="process", root=str(tmp_path))
+    jobs = _Jobs(JobStore(client, result_ttl_s=60))
+    sandbox = asyncio.run(sandboxes.start("lost-run", SandboxRequest()))
+    gone = _dead_process()
+    jobs.running("lost-run", sandbox["id"], os.getpid(), gone.pid)
+    [record] = sandboxes.ledger.list(NODE)
+    assert procfs.members(record.root, record.pidns, record.refs)
+    assert sandboxes.reap() == 1  # not alive on this node: the job no longer holds it
+    assert procfs.wait_until(lambda: not procfs.members(record.root, record.pidns, record.refs), 10)
+    assert sandboxes.ledger.list(NODE) == [] and not os.path.exists(sandbox["workspace"])
+    assert sandboxes.allocator.leases() == {}
+
+    kept = asyncio.run(sandboxes.start("kept", SandboxRequest()))
+    jobs.handed("kept", kept["id"], os.getpid())
+    assert sandboxes.reap() == 0 and [r.sandbox_id for r in sandboxes.ledger.list(NODE)] == [kept["id"]]
+    asyncio.run(sandboxes.stop(kept))
+    assert sandboxes.ledger.list(NODE) == []
+
+
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap (bwrap) is not installed")
 def test_the_init_workers_death_leaves_the_sandboxes_it_handed_to_run(state_url, tmp_path):
     """The service's sandboxes do not die with their starter (no ``--die-with-parent``), and the
