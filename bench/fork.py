@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._cli import markdown_table, run_benchmark
+from handlers.tool_calls import tool_call
 
 RESULTS = Path(__file__).parent / "results" / "fork.json"
 TURNS = 12
@@ -33,13 +34,10 @@ SOLUTION = ("import sys\ndata = sys.stdin.read().split()\nt = int(data[0])\n"
             "print('\\n'.join(str(int(data[1 + 2 * i]) + int(data[2 + 2 * i])) for i in range(t)))\n")
 
 
-def call(name: str, **arguments: Any) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
-
-REPLIES = [call("editor", command="create", path="solution.py", file_text=SOLUTION)] + \
-    [call("bash", command=f"printf '1\\n{i} {i * i}\\n' | python3 solution.py") for i in range(1, TURNS - 1)] + \
-    [call("finish", answer="solution.py is written")]
+REPLIES = [tool_call("editor", command="create", path="solution.py", file_text=SOLUTION)] + \
+    [tool_call("bash", command=f"printf '1\\n{i} {i * i}\\n' | python3 solution.py") for i in range(1, TURNS - 1)] + \
+    [tool_call("finish", answer="solution.py is written")]
 
 
 def main(argv: list[str] | None = None) -> int:

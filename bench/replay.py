@@ -26,25 +26,11 @@ from bench.fork import REPLIES as CODE_REPLIES
 from bench.resume import ANSWER
 from bench.resume import REPLIES as MATH_REPLIES
 from bench.resume import TURNS as MATH_TURNS
+from prorl_celery.dev.scripted_agents import ROMANUM_FIX
 
 RESULTS = Path(__file__).parent / "results" / "replay.json"
 ROMANUM_ID = "prorl-swe__romanum-14"
 
-
-def call(name: str, **arguments: Any) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-#: the scripted fix of the romanum instance (as tests/support/swe.py scripts it)
-SWE_REPLIES = [
-    "Let me look at the conversion table.\n" + call("editor", command="view", path="romanum/romanum/numerals.py",
-                                                    view_range=[1, 25]),
-    "The table has no entry for 900. Adding it.\n" + call(
-        "editor", command="str_replace", path="romanum/romanum/numerals.py",
-        old_str='    (1000, "M"),\n    (500, "D"),', new_str='    (1000, "M"),\n    (900, "CM"),\n    (500, "D"),'),
-    call("bash", command="python -c 'from romanum import to_roman, from_roman; "
-                         "print(to_roman(1994), from_roman(to_roman(1994)))'"),
-    call("finish", answer="added the CM entry to the numeral table")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +56,7 @@ def run() -> dict[str, Any]:
     rules.write_text(json.dumps([
         {"match": "BENCH-RESUME", "scope": "prompt", "replies": MATH_REPLIES},
         {"match": "BENCH-FORK", "scope": "prompt", "replies": CODE_REPLIES},
-        {"match": "to_roman\\(\\) writes nine hundreds as DCD", "scope": "prompt", "replies": SWE_REPLIES}]))
+        {"match": "to_roman\\(\\) writes nine hundreds as DCD", "scope": "prompt", "replies": ROMANUM_FIX}]))
     problems = Path(__file__).resolve().parents[1] / "handlers" / "code" / "data" / "problems.jsonl"
     code = next(json.loads(line) for line in problems.read_text().splitlines() if '"code-001"' in line)
     code.pop("id")

@@ -33,17 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from bench._cli import markdown_table, run_benchmark
+from handlers.tool_calls import tool_call
 
 RESULTS = Path(__file__).parent / "results" / "resume.json"
 TURNS = 8  # the math family's cap on max_iterations
 ANSWER = str(2 ** (TURNS - 1) - 1)
 
 
-def tool_call(code: str) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+def python_call(code: str) -> str:
+    return tool_call("python", code=code)
 
 
-REPLIES = [tool_call("x = 1\nprint(x)")] + [tool_call("x = 2 * x + 1\nprint(x)")] * (TURNS - 2) + \
+REPLIES = [python_call("x = 1\nprint(x)")] + [python_call("x = 2 * x + 1\nprint(x)")] * (TURNS - 2) + \
     [f"The answer is \\boxed{{{ANSWER}}}."]
 
 

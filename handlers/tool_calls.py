@@ -28,6 +28,12 @@ class ToolCallError:
     message: str
 
 
+def tool_call(name: str, **arguments: Any) -> str:
+    """One call in the format :func:`parse_tool_calls` reads: what a model's turn says to call
+    ``name`` (the scripted agents of the demo, the tests and the benches write their turns so)."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
 def parse_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
     """Every ``<tool_call>`` block of a model turn, in order (an unclosed last block counts)."""
     calls: list[ToolCall | ToolCallError] = []

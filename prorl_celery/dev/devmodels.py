@@ -386,12 +386,12 @@ def sft_sequences(tokenizer_dir: Path, problems=None) -> list[tuple[list[int], l
     of the code, run here), the answer turn; mask 1 on the model's tokens. ``problems``:
     ``(problem, answer, code, boxed)`` tuples like :data:`SFT_PROBLEMS` (the default)."""
     import io
-    import json as _json
     from contextlib import redirect_stdout
 
     from handlers.agent import AgentLoop
     from handlers.math.instances import normalize_instance
     from handlers.sandbox_tools import PYTHON
+    from handlers.tool_calls import tool_call
     from prorl_celery.llm.tokenizer import load_tokenizer
 
     chat = load_tokenizer(str(tokenizer_dir))
@@ -406,7 +406,7 @@ def sft_sequences(tokenizer_dir: Path, problems=None) -> list[tuple[list[int], l
         observation = printed.getvalue().rstrip()  # what the python tool returns
         ids = chat.prompt_ids(normalize_instance(instance).messages, schemas)
         mask = [0] * len(ids)
-        call = "<tool_call>\n" + _json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+        call = tool_call("python", code=code)
         answer = f"The code prints {observation.splitlines()[0]}, so the answer is $\\boxed{{{boxed}}}$."
         for part, role in ((chat.encode(call) + [chat.eot_id], 1),
                            (chat.observation_ids({"role": "tool", "content": observation}, schemas), 0),

@@ -13,6 +13,7 @@ import pytest
 from handlers.agent import AgentLoop, Tool, clip
 from handlers.base import JobContext
 from handlers.sandbox_tools import BASH, EDITOR, PYTHON, SEARCH
+from handlers.tool_calls import tool_call
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.launch import LocalToolServer
 from tests.support.scripted_llm import ScriptedLLM
@@ -33,9 +34,6 @@ def server(tmp_path_factory) -> LocalToolServer:
     assert handle.stop() == 0
 
 
-def call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
 
 def run_loop(server: LocalToolServer, loop: AgentLoop, replies: list[str], *, deadline: float | None = None,
              context_length: int = 100_000) -> tuple[dict[str, Any], ScriptedLLM]:
@@ -55,10 +53,10 @@ def observations(llm: ScriptedLLM) -> list[str]:
 
 def test_tools_run_in_the_sandbox_and_finish_ends_the_run(server) -> None:
     loop = AgentLoop([BASH, EDITOR, PYTHON])
-    replies = [call("editor", command="create", path="answer.py", file_text="print(6 * 7)\n"),
-               call("bash", command="python3 answer.py; echo done"),
-               call("python", code="y = 40 + 2\ny"),
-               call("finish", answer="42"),
+    replies = [tool_call("editor", command="create", path="answer.py", file_text="print(6 * 7)\n"),
+               tool_call("bash", command="python3 answer.py; echo done"),
+               tool_call("python", code="y = 40 + 2\ny"),
+               tool_call("finish", answer="42"),
                "never asked"]
     result, llm = run_loop(server, loop, replies)
     assert result["answer"] == "42" and result["finish_reason"] == "finish"
@@ -74,12 +72,12 @@ def test_tools_run_in_the_sandbox_and_finish_ends_the_run(server) -> None:
 def test_bad_calls_become_error_observations_and_the_model_recovers(server) -> None:
     loop = AgentLoop([BASH, EDITOR])
     replies = ["<tool_call>\n{not json}\n</tool_call>",
-               call("rm_rf", path="/"),
-               call("bash", cmd="ls"),
-               call("editor", command="str_replace", path="missing.txt", old_str="a", new_str="b"),
-               call("editor", command="view", path="../../etc/passwd"),
-               call("bash", command="false"),
-               call("finish", answer="ok")]
+               tool_call("rm_rf", path="/"),
+               tool_call("bash", cmd="ls"),
+               tool_call("editor", command="str_replace", path="missing.txt", old_str="a", new_str="b"),
+               tool_call("editor", command="view", path="../../etc/passwd"),
+               tool_call("bash", command="false"),
+               tool_call("finish", answer="ok")]
     result, llm = run_loop(server, loop, replies)
     seen = observations(llm)
     assert seen[0].startswith("Error: the tool call is not valid JSON")
@@ -93,8 +91,8 @@ def test_bad_calls_become_error_observations_and_the_model_recovers(server) -> N
 
 
 def test_search_tool_returns_passages(server) -> None:
-    result, llm = run_loop(server, AgentLoop([SEARCH]), [call("search", query="boiling point of water"),
-                                                        call("finish", answer="100")])
+    result, llm = run_loop(server, AgentLoop([SEARCH]), [tool_call("search", query="boiling point of water"),
+                                                        tool_call("finish", answer="100")])
     assert "Water boils at 100 degrees" in observations(llm)[0]
     assert result["answer"] == "100"
 
@@ -114,12 +112,12 @@ def test_without_a_nudge_a_turn_without_a_call_ends_the_run(server) -> None:
 
 def test_answer_in_text_ends_the_run(server) -> None:
     loop = AgentLoop([PYTHON], finish_tool=False, answer_in_text=lambda text: "7" if "seven" in text else None)
-    result, _ = run_loop(server, loop, [call("python", code="3 + 4"), "It is seven."])
+    result, _ = run_loop(server, loop, [tool_call("python", code="3 + 4"), "It is seven."])
     assert result["finish_reason"] == "answer" and result["answer"] == "7" and result["tool_calls"] == 1
 
 
 def test_context_and_time_limits_end_the_run(server) -> None:
-    reply = call("bash", command="echo hi")  # ScriptedLLM counts one token per character
+    reply = tool_call("bash", command="echo hi")  # ScriptedLLM counts one token per character
     result, _ = run_loop(server, AgentLoop([BASH]), [reply, "unused"],
                          context_length=len("go") + len(reply) + len("hi") + 60)  # 60 < 64 left after
     assert result["finish_reason"] == "context" and result["iterations"] == 1
@@ -130,7 +128,7 @@ def test_context_and_time_limits_end_the_run(server) -> None:
 def test_tool_time_is_capped_by_the_job_budget(server) -> None:
     started = time.monotonic()
     result, llm = run_loop(server, AgentLoop([BASH], tool_timeout_s=60),
-                           [call("bash", command="sleep 30"), "unused"], deadline=time.monotonic() + 2)
+                           [tool_call("bash", command="sleep 30"), "unused"], deadline=time.monotonic() + 2)
     assert time.monotonic() - started < 15
     assert "interrupted" in observations(llm)[0]
     assert result["finish_reason"] == "time"
@@ -152,6 +150,6 @@ def test_a_domain_tool_plugs_in(server) -> None:
     tool = Tool("shout", "Shout a word.", {"word": {"type": "string"}}, ("word",), shout)
     loop = AgentLoop([tool])
     assert [schema["function"]["name"] for schema in loop.tool_schemas()] == ["shout", "finish"]
-    result, llm = run_loop(server, loop, [call("shout", word="hello"), call("finish", answer="HELLO")])
+    result, llm = run_loop(server, loop, [tool_call("shout", word="hello"), tool_call("finish", answer="HELLO")])
     assert "HELLO" in observations(llm)[0] and result["tool_errors"] == 0
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from handlers.code import load_problems
+from handlers.tool_calls import tool_call
 from prorl_celery.state import keys
 from tests.support.services import rules_file, start_llm_server
 
@@ -24,16 +25,13 @@ MEMORY_HOG = "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n"
 pytestmark = pytest.mark.timeout(240)
 
 
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
 
 def agent(marker: str, solution: str) -> dict:
     """Write the solution, run it on the example, finish."""
     return {"match": marker, "scope": "prompt", "replies": [
-        "I will write the program.\n" + call("editor", command="create", path="solution.py", file_text=solution),
-        call("bash", command="printf '2\\n20 22\\n-1 1\\n' | python3 solution.py"),
-        call("finish", answer="solution.py is written")]}
+        "I will write the program.\n" + tool_call("editor", command="create", path="solution.py", file_text=solution),
+        tool_call("bash", command="printf '2\\n20 22\\n-1 1\\n' | python3 solution.py"),
+        tool_call("finish", answer="solution.py is written")]}
 
 
 RULES = [agent("E2E-GOOD", SOLUTIONS["code-001"]["reference"]), agent("E2E-WRONG", SOLUTIONS["code-001"]["wrong"]),

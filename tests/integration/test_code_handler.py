@@ -25,6 +25,7 @@ from handlers.code import (
 )
 from handlers.code.grading import verdict
 from handlers.code.handler import judge_tests
+from handlers.tool_calls import tool_call
 from singularity.runtime import (
     BubblewrapRuntime,
     FileAddressAllocator,
@@ -41,9 +42,6 @@ VERL_ROWS = load_problems("verl_sample")
 
 pytestmark = pytest.mark.timeout(300)
 
-
-def call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 # -- instances -------------------------------------------------------------------------------------
@@ -393,9 +391,9 @@ def run_agent(sandbox, instance: dict[str, Any], replies: list[str]) -> tuple[di
 
 def test_run_reads_the_file_the_agent_wrote_and_ran(sandbox):
     solution = "a, b = map(int, input().split())\nprint(a + b)\n" + "# padding\n" * 5000  # several read chunks
-    replies = [call("editor", command="create", path="solution.py", file_text=solution),
-               call("bash", command="echo '20 22' | python3 solution.py"),
-               call("finish", answer="done")]
+    replies = [tool_call("editor", command="create", path="solution.py", file_text=solution),
+               tool_call("bash", command="echo '20 22' | python3 solution.py"),
+               tool_call("finish", answer="done")]
     result, llm = run_agent(sandbox, _tiny(), replies)
     assert result["finish_reason"] == "finish" and result["solution_source"] == "file"
     assert result["solution"] == solution and result["artifacts"] == {"solution.py": solution}
@@ -406,8 +404,8 @@ def test_run_reads_the_file_the_agent_wrote_and_ran(sandbox):
 
 def test_an_oversized_solution_file_is_no_solution(sandbox):
     huge = "x = 1\n" * (600 * 1024 // 6)
-    result, _ = run_agent(sandbox, _tiny(), [call("editor", command="create", path="solution.py", file_text=huge),
-                                             call("finish")])
+    result, _ = run_agent(sandbox, _tiny(), [tool_call("editor", command="create", path="solution.py", file_text=huge),
+                                             tool_call("finish")])
     assert result["solution"] is None and "more than the" in result["solution_error"]
 
 

@@ -10,25 +10,24 @@ import json
 
 import pytest
 
+from handlers.tool_calls import tool_call
 from tests.support.endpoint import KEY, Harness, check_exact, log_of
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 
 
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
 
 RULES = [
     {"match": "CC-TOOLS", "scope": "prompt", "replies": [
-        "<think>\nList the files first.\n</think>\n\nListing first.\n" + call("Bash", command="ls"),
-        call("Read", file_path="a.txt"), "All done: a.txt says hello."]},
+        "<think>\nList the files first.\n</think>\n\nListing first.\n" + tool_call("Bash", command="ls"),
+        tool_call("Read", file_path="a.txt"), "All done: a.txt says hello."]},
     {"match": "CC-STOP", "scope": "prompt", "replies": ["The answer is 42. END and more words after it."]},
     {"match": "SLOW-TURN", "scope": "prompt", "replies": ["Thought about it for a while."], "delay_s": 1.0},
     {"match": "STUCK-TURN", "scope": "prompt", "replies": ["never"], "delay_s": 60},
     {"match": "CX-TOOLS", "scope": "prompt", "replies": [
-        "I will look.\n" + call("shell", command=["ls"]), call("apply_patch", input="*** Begin Patch\n*** End Patch"),
+        "I will look.\n" + tool_call("shell", command=["ls"]),
+        tool_call("apply_patch", input="*** Begin Patch\n*** End Patch"),
         "Patched."]},
 ]
 CC_SYSTEM = [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},

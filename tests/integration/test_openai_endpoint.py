@@ -9,17 +9,13 @@ import json
 
 import pytest
 
+from handlers.tool_calls import tool_call
 from tests.support.endpoint import KEY, TOOLS, Harness, log_of, whole
 from tests.support.services import eventually
 
-
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
 RULES = [
     {"match": "E2E-TOOLS", "scope": "prompt", "replies": [
-        "Listing first.\n" + call("bash", command="ls"), call("bash", command="cat a.txt"), "All done."]},
+        "Listing first.\n" + tool_call("bash", command="ls"), tool_call("bash", command="cat a.txt"), "All done."]},
     {"match": "E2E-THINK", "scope": "prompt", "replies": [
         "<think>\nThe user greets me.\n</think>\n\nHello!", "<think>\nSecond question.\n</think>\n\n42"]},
     {"match": "E2E-SLOW", "replies": ["late"], "delay_s": 30},

@@ -29,6 +29,7 @@ from collections import Counter
 import pytest
 import redis
 
+from handlers.tool_calls import tool_call
 from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster
 from prorl_celery.state import keys
@@ -43,17 +44,17 @@ pytestmark = [pytest.mark.extended,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
 
 
-def tool_call(code: str) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+def python_call(code: str) -> str:
+    return tool_call("python", code=code)
 
 
 #: turn 1 sets x, each later turn doubles it: an observation is right only on a sandbox whose
 #: IPython state the earlier turns built
-STATEFUL = [tool_call("x = 1\nprint(x)")] + [tool_call("x = 2 * x + 1\nprint(x)")] * (TURNS - 2) + \
+STATEFUL = [python_call("x = 1\nprint(x)")] + [python_call("x = 2 * x + 1\nprint(x)")] * (TURNS - 2) + \
     [f"The answer is \\boxed{{{ANSWER}}}."]
 #: turn 3's observation is the time in nanoseconds: never the same twice
-CLOCK = [tool_call("print(1)"), tool_call("print(2)"), tool_call("import time; print(time.time_ns())")] + \
-    [tool_call(f"print({i})") for i in range(4, TURNS)] + ["\\boxed{1}"]
+CLOCK = [python_call("print(1)"), python_call("print(2)"), python_call("import time; print(time.time_ns())")] + \
+    [python_call(f"print({i})") for i in range(4, TURNS)] + ["\\boxed{1}"]
 
 
 @pytest.fixture(scope="module")

@@ -8,27 +8,23 @@ import json
 import pytest
 
 from handlers.stem import DATA_DIR, StemHandler
+from handlers.tool_calls import tool_call
 from tests.support.services import rules_file, start_llm_server
-
-
-def call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
 
 RULES = [
     {"match": r"molar mass of water \(H2O\)", "scope": "prompt", "replies": [
         "I need the atomic weights of hydrogen and oxygen.\n"
-        + call("search", query="hydrogen oxygen standard atomic weight", k=3),
+        + tool_call("search", query="hydrogen oxygen standard atomic weight", k=3),
         "The reference gives 1.008 for hydrogen and 15.999 for oxygen.\n"
-        + call("python", code="print(round(2 * 1.008 + 15.999, 3))"),
-        call("finish", answer="18.015 g/mol"),
+        + tool_call("python", code="print(round(2 * 1.008 + 15.999, 3))"),
+        tool_call("finish", answer="18.015 g/mol"),
     ]},
     {"match": r"How many bones does an adult", "scope": "prompt", "replies": [
-        call("search", query="adult human skeleton bones", k=3),
-        call("finish", answer="204"),
+        tool_call("search", query="adult human skeleton bones", k=3),
+        tool_call("finish", answer="204"),
     ]},
     {"match": r"STEM-VERL", "scope": "prompt", "replies": [
-        call("search", query="largest moon Solar System", k=3),
+        tool_call("search", query="largest moon Solar System", k=3),
         "The passage on Ganymede says it is the largest moon in the Solar System.\nAnswer: Ganymede",
     ]},
 ]

@@ -2,8 +2,7 @@
 (a plain ``openai`` SDK agent, a history-rewriting one), for the ``agent`` task's tests."""
 from __future__ import annotations
 
-import json
-
+from handlers.tool_calls import tool_call
 from tests.support.swe import ROMANUM
 
 
@@ -26,9 +25,6 @@ MINI_SWE_RULES = [
     ]},
 ]
 
-
-def tool_call(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 #: the openai SDK agent below: a function call, then the answer

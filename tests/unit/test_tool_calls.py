@@ -1,5 +1,5 @@
 """Parsing Hermes/Qwen tool calls out of generated text."""
-from handlers.tool_calls import ToolCall, ToolCallError, parse_tool_calls
+from handlers.tool_calls import ToolCall, ToolCallError, parse_tool_calls, tool_call
 
 
 def test_calls_are_parsed_in_order():
@@ -17,3 +17,9 @@ def test_malformed_calls_become_errors_the_agent_can_answer():
 
 def test_text_without_calls():
     assert parse_tool_calls("The answer is \\boxed{4}.") == []
+
+
+def test_a_written_call_parses_back():
+    text = "Run it.\n" + tool_call("bash", command="printf 'a\\n' | wc -l") + tool_call("finish", answer="1")
+    assert parse_tool_calls(text) == [ToolCall("bash", {"command": "printf 'a\\n' | wc -l"}),
+                                      ToolCall("finish", {"answer": "1"})]
