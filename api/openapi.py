@@ -100,7 +100,11 @@ def openapi_document() -> dict[str, Any]:
         "/jobs/{job_id}/fork": {"post": {
             "summary": "start count jobs sharing turns 1..turn of an ended or running job (202: the group)",
             "parameters": [_JOB_ID], "requestBody": _body("ForkRequest"),
-            "responses": {"202": _reply("accepted: {group_id, fork_of, turn, jobs}"), **ERRORS}}},
+            "responses": {"202": _reply("accepted: {group_id, fork_of, turn, jobs}; a repeated request with "
+                                        "the same group_id answers the same jobs (created: false)"),
+                          "404": _reply("job_not_found: no such source job"),
+                          "409": _reply("conflict: group_id already names forks of another request "
+                                        "(another source, turn or count)"), **ERRORS}}},
         "/cancel": post("cancel jobs", "CancelRequest", "which jobs were cancelled"),
         "/add_llm_server": post("register an LLM backend (probed: one that does not answer is added unhealthy, "
                                 "out of routing until it does)", "AddServerRequest",

@@ -169,12 +169,12 @@ def replay_jobs():
 
 @bp.post("/jobs/<job_id>/fork")
 def fork_job(job_id: str):
-    """``count`` jobs sharing turns 1..``turn`` of an ended or running job, as one group."""
+    """``count`` jobs sharing turns 1..``turn`` of an ended or running job, as one group;
+    idempotent under a client-given ``group_id`` (409 when it names another request's forks)."""
     body = parse(ForkRequest)
     services = app_services()
-    specs = derived.fork_specs(services.store, services.journal, job_id, body.turn, body.count)
-    submitted = submit(specs)
-    group = specs[0].origin["group"] if specs[0].origin else None
+    group, submitted = derived.submit_forks(services.store, services.journal, submit, job_id, body.turn,
+                                            body.count, body.group_id)
     return jsonify({"group_id": group, "fork_of": job_id, "turn": body.turn,
                     "jobs": [accepted(s) for s in submitted]}), 202
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+from prorl_celery.core.forks import GROUP_ID_MAX, JOB_ID_MAX, MAX_FORKS, is_group_id
+
+JOB_ID_PATTERN = rf"^[A-Za-z0-9_.:\-]{{1,{JOB_ID_MAX}}}$"
 
 
 class SamplingParams(BaseModel):
@@ -155,4 +157,15 @@ class ForkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     turn: int = Field(ge=0, description="the shared turns (0: the prompt only)")
-    count: int = Field(1, ge=1, le=64, description="forks to start")
+    count: int = Field(1, ge=1, le=MAX_FORKS, description="forks to start")
+    group_id: str | None = Field(None, description=f"idempotency key: the forks are <group_id>-<i>, and a repeated "
+                                 f"request starts none (1 to {GROUP_ID_MAX} of A-Z a-z 0-9 _ . : -)")
+
+    @field_validator("group_id")
+    @classmethod
+    def _group_id(cls, value: str | None) -> str | None:
+        if value is not None and not is_group_id(value):
+            # the forks' ids, <group_id>-<i>, must be valid job ids
+            raise ValueError(f"1 to {GROUP_ID_MAX} characters of A-Z a-z 0-9 _ . : - (each fork's id, "
+                             f"<group_id>-<i>, is a job id of at most {JOB_ID_MAX}), got {value!r}")
+        return value

@@ -13,6 +13,8 @@
     │   │                                                      address outside the allow-list)
     │   ├── JobNotFound(KeyError)       404 job_not_found
     │   ├── NodeNotFound                404 node_not_found   (no worker of that node was ever seen)
+    │   ├── Conflict                    409 conflict         (a client-given id already names something
+    │   │                                                      else: a fork group_id of another request)
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── ServiceStopped              503 service_stopped  (after /stop, until /start)
     │   └── ServiceUnavailable          503 service_unavailable (Redis or the broker cannot be
@@ -132,6 +134,14 @@ class JobNotFound(HTTPError, KeyError):
 class NodeNotFound(HTTPError):
     code = "node_not_found"
     http_status = 404
+
+
+class Conflict(HTTPError):
+    """The request reuses a client-given id (a fork's ``group_id``) that already names jobs made
+    by a different request; the message says what differs. Nothing was started."""
+
+    code = "conflict"
+    http_status = 409
 
 
 class PayloadTooLarge(HTTPError):

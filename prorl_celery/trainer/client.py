@@ -12,7 +12,7 @@ Errors::
 
     ProrlError                                    (prorl_celery.core.errors; .code, .message)
     ├── HTTPError: raised as the class the gateway's "code" names, with .status_code set:
-    │   BadRequest 400, UnknownTask 400, JobNotFound(KeyError) 404, PayloadTooLarge 413,
+    │   BadRequest 400, UnknownTask 400, JobNotFound(KeyError) 404, Conflict 409, PayloadTooLarge 413,
     │   ServiceStopped 503 (once the retries are spent)
     └── ClientError                               raised by this module only
         ├── RequestRejected                       any other 4xx
@@ -52,6 +52,7 @@ import httpx
 
 from prorl_celery.core.errors import (
     BadRequest,
+    Conflict,
     HTTPError,
     JobNotFound,
     PayloadTooLarge,
@@ -60,6 +61,7 @@ from prorl_celery.core.errors import (
     ServiceUnavailable,
     UnknownTask,
 )
+from prorl_celery.core.forks import new_group_id
 from prorl_celery.core.outcomes import Outcome, of_status
 from prorl_celery.core.status import TERMINAL, JobStatus
 
@@ -74,7 +76,7 @@ TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL)
 RETRY_STATUSES = frozenset({502, 503, 504})
 #: gateway error codes raised as the project's own classes
 SERVER_ERRORS: dict[str, type[HTTPError]] = {
-    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, PayloadTooLarge, ServiceStopped,
+    cls.code: cls for cls in (BadRequest, UnknownTask, JobNotFound, Conflict, PayloadTooLarge, ServiceStopped,
                               ServiceUnavailable)}
 
 
@@ -538,12 +540,18 @@ class AsyncRolloutClient:
         reply = (await self.request("POST", "/cancel", json={"job_ids": ids})).json()
         return CancelOutcome(reply["cancelled"], reply["not_cancelled"])
 
-    async def fork(self, job_id: str, turn: int, count: int) -> list[str]:
+    async def fork(self, job_id: str, turn: int, count: int, *, group_id: str | None = None) -> list[str]:
         """``count`` jobs sharing turns 1..``turn`` of an ended or running job, each going on with
-        its own sampling (one group: ids ``<job>-fork<turn>-<tag>-<i>``); the shared turns are
-        taken from the job's journal, never generated again."""
+        its own sampling (one group: ids ``<group_id>-<i>``); the shared turns are taken from the
+        job's journal, never generated again.
+
+        ``group_id`` (default: a fresh ``<job>-fork<turn>-<tag>``, made once, before the first
+        attempt) makes the call idempotent: the retries after a lost reply or a 503, and a repeat
+        of the call with the same ``group_id``, find the same forks and start none. Conflict when
+        ``group_id`` already names forks of another source, turn or count."""
+        group = group_id or new_group_id(job_id, turn)
         reply = await self.request("POST", f"/jobs/{quote(job_id, safe='')}/fork",
-                                   json={"turn": turn, "count": count})
+                                   json={"turn": turn, "count": count, "group_id": group})
         return [job["job_id"] for job in reply.json()["jobs"]]
 
     async def replay(self, job_ids: str | Iterable[str]) -> list[str]:
@@ -729,10 +737,12 @@ class RolloutClient:
         they had (``completed``, ..., or ``not_found``); a cancelled job ends ``cancelled``."""
         return self.run(self.aio.cancel(job_ids))
 
-    def fork(self, job_id: str, turn: int, count: int) -> list[str]:
+    def fork(self, job_id: str, turn: int, count: int, *, group_id: str | None = None) -> list[str]:
         """``count`` jobs sharing turns 1..``turn`` of an ended or running job, each with its own
-        sampling from there; returns their ids (one group). Wait for them as for any job."""
-        return self.run(self.aio.fork(job_id, turn, count))
+        sampling from there; returns their ids ``<group_id>-<i>`` (one group). Wait for them as for
+        any job. Idempotent under ``group_id`` (default: one made before the first attempt, so the
+        client's own retries never start a second set): :meth:`AsyncRolloutClient.fork`."""
+        return self.run(self.aio.fork(job_id, turn, count, group_id=group_id))
 
     def replay(self, job_ids: str | Iterable[str]) -> list[str]:
         """Replay finished jobs (recorded model outputs, a fresh sandbox, EVAL again); returns the
