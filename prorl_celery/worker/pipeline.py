@@ -458,6 +458,10 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             session = open_session(services, job, assignment, journal)
             await bounded(job, cancelled, session.fit_backend_context())
             await _run_handler(services, handler, job, session, sandbox, cancelled)
+            if record.origin:
+                # a fork started again from turn zero shares nothing with its source any more (a
+                # trainer masks a fork's shared prefix by this report: prorl_celery.trainer.samples)
+                report = {"shared_turns": 0, "shared_tokens": 0, "observations_checked": 0, "restarted": True}
         elif session is not None and session.journal is not None:
             resume = await settle(services, session.journal) or resume
     except JobCancelled:
