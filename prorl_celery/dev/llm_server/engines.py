@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 #: temperatures below this sample greedily (as vLLM does)
 GREEDY_EPS = 1e-5
@@ -106,6 +106,22 @@ class Rule(BaseModel):
     #: "last_user" (the brief's default) or "prompt": search the whole decoded prompt, so
     #: one rule can script several turns whose observations vary
     scope: str = Field(default="last_user", pattern="^(last_user|prompt)$")
+    #: ``[m, r]``: the rule applies only to a request whose ``seed`` s has ``s % m == r`` (none
+    #: without a seed). Forks of one job share their prompt and differ in their seeds (``seed + 1
+    #: + i``): this is how a script makes their answers differ
+    seed_mod: tuple[int, int] | None = None
+
+    @field_validator("seed_mod")
+    @classmethod
+    def _modulus(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 0 <= value[1] < value[0]:
+            raise ValueError(f"seed_mod [m, r] needs 0 <= r < m, got {list(value)}")
+        return value
+
+    def takes_seed(self, seed: int | None) -> bool:
+        if self.seed_mod is None:
+            return True
+        return seed is not None and seed % self.seed_mod[0] == self.seed_mod[1]
 
 
 _RULES = TypeAdapter(list[Rule])
@@ -208,19 +224,20 @@ class ScriptedEngine:
         special = added | set(self.tokenizer.all_special_ids)
         self._special_pool = sorted(special - {self.eos_token_id})
 
-    def pick(self, prompt_ids: list[int]) -> tuple[Rule | None, int]:
-        """The matching rule (or None) and the assistant-turn index for this prompt."""
+    def pick(self, prompt_ids: list[int], seed: int | None = None) -> tuple[Rule | None, int]:
+        """The matching rule (or None) and the assistant-turn index for this prompt (and the
+        request's ``seed``, for rules with ``seed_mod``)."""
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         last = self.markers.last_observation(prompt)
         turn = self.markers.assistant_turns(prompt)
         for rule, pattern in zip(self.rules, self._patterns):
-            if pattern.search(prompt if rule.scope == "prompt" else last):
+            if rule.takes_seed(seed) and pattern.search(prompt if rule.scope == "prompt" else last):
                 return rule, turn
         return None, turn
 
     async def generate(self, prompt_ids: list[int],
                        params: SamplingParams) -> AsyncGenerator[Step, None]:
-        rule, turn = self.pick(prompt_ids)
+        rule, turn = self.pick(prompt_ids, params.seed)
         if rule is not None:
             reply = rule.replies[min(turn, len(rule.replies) - 1)]
             ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.eos_token_id]
