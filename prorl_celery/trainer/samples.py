@@ -14,6 +14,17 @@ Rewards: a sample's ``reward`` is the rollout's (``client.reward_of``) unless th
 one of its own; None when the rollout's reward is not valid, and a trainer never trains on it.
 Auxiliary samples (another model name) are left out unless ``include_auxiliary``: a small model's
 titles are usually not what is being trained.
+
+Forks (``POST /jobs/<id>/fork``, ``docs/journal.md``): a fork's trajectory begins with the turns
+it shares with its source, taken from the source's journal. Those model tokens are not trained
+on: ``samples_of`` sets their ``response_mask`` to 0 (``Sample.shared_tokens`` counts them) and
+names the source (``fork_of``, ``fork_turn``). Why: every member of a fork group holds the same
+prefix, so it cannot tell them apart: the group's advantages sum to zero, and on the same tokens
+they cancel (exactly with a token-level loss, before clipping; as noise with a per-sequence one).
+Kept in, the prefix would only count n times in the loss's token normaliser, diluting the tokens
+the group does compare, and n times in a KL term. The prefix is the source's own output: it is
+trained, if at all, with the source's group. The trajectory in the result keeps the mask as
+generated (1 = a model token, DESIGN decision 7): masking is the trainer side's call.
 """
 from __future__ import annotations
 
@@ -44,6 +55,11 @@ class Sample:
     parent: int | None = None  # a rewrite: the sample it rewrote
     primary: bool = True  # the trajectory's top level (the main agent's latest sample)
     num_turns: int = 0
+    #: a fork's: the job it forked from and the turn (its first ``fork_turn`` turns are that job's)
+    fork_of: str | None = None
+    fork_turn: int | None = None
+    #: model tokens of the shared prefix, masked out of ``response_mask`` (not trained on)
+    shared_tokens: int = 0
 
     @property
     def trainable(self) -> bool:
@@ -58,14 +74,37 @@ def samples_of(result: Mapping[str, Any], *, include_auxiliary: bool = False) ->
     trajectory = result.get("trajectory") or {}
     reward = reward_of(result)
     records = trajectory.get("samples")
+    shared = shared_turns(result)
     if not records:
-        one = _sample(result, trajectory, 0, reward, primary=True)
+        one = _sample(result, trajectory, 0, reward, primary=True, shared=shared)
         return [one] if one.response_ids else []
     primary = trajectory.get("primary_sample", 0)
     samples = [_sample(result, record, record.get("sample", i), _own_reward(record, reward),
-                       primary=record.get("sample", i) == primary) for i, record in enumerate(records)]
+                       primary=record.get("sample", i) == primary, shared=shared) for i, record in enumerate(records)]
     samples.sort(key=lambda s: (not s.primary, s.index))
     return [s for s in samples if s.response_ids and (include_auxiliary or s.origin != AUXILIARY)]
+
+
+def shared_turns(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The turns a fork's trajectory shares with its source (the first ``fork.shared_turns`` of
+    ``trajectory.turns``, every sample's); none for a job that is not a fork, or a fork that
+    started again from turn zero."""
+    fork = result.get("fork") or {}
+    count = int(fork.get("shared_turns") or 0)
+    return list(((result.get("trajectory") or {}).get("turns") or [])[:count])
+
+
+def mask_turns(mask: list[int], turns: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """``mask`` with the model tokens of ``turns`` (each ``output_start``, ``output_len`` in the
+    sample's response) set to 0, and how many were 1 before."""
+    masked = list(mask)
+    for turn in turns:
+        start, length = turn.get("output_start"), turn.get("output_len")
+        if start is None or length is None:  # a record without positions: train on nothing of it
+            start, length = 0, len(masked)
+        for position in range(max(0, int(start)), min(len(masked), int(start) + int(length))):
+            masked[position] = 0
+    return masked, sum(mask) - sum(masked)
 
 
 def _own_reward(record: Mapping[str, Any], rollout: float | None) -> float | None:
@@ -76,11 +115,15 @@ def _own_reward(record: Mapping[str, Any], rollout: float | None) -> float | Non
 
 
 def _sample(result: Mapping[str, Any], record: Mapping[str, Any], index: int, reward: float | None, *,
-            primary: bool) -> Sample:
+            primary: bool, shared: list[dict[str, Any]]) -> Sample:
+    fork = result.get("fork") or {}
+    mask, shared_tokens = mask_turns([int(m) for m in record.get("response_mask") or []],
+                                     [t for t in shared if t.get("sample", 0) == index])
     return Sample(job_id=result.get("job_id"), index=index, origin=record.get("origin") or "main",
                   prompt_ids=list(record.get("prompt_ids") or []), response_ids=list(record.get("response_ids") or []),
-                  response_mask=[int(m) for m in record.get("response_mask") or []],
+                  response_mask=mask,
                   response_logprobs=[float(x) for x in record.get("response_logprobs") or []], reward=reward,
                   policy_versions=list(record.get("policy_versions") or []), model=record.get("model"),
                   parent=record.get("parent"), primary=primary,
-                  num_turns=int(record.get("num_turns") or len(record.get("turns") or ())))
+                  num_turns=int(record.get("num_turns") or len(record.get("turns") or ())),
+                  fork_of=fork.get("of"), fork_turn=fork.get("turn"), shared_tokens=shared_tokens)
