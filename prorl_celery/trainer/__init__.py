@@ -10,6 +10,7 @@ are here; the modules behind them are its own business:
   (``client``);
 - ``RolloutOutcome``, ``reward_of``, ``is_trainable``: the one rule for a valid reward;
 - ``DAPOCollector`` / ``AsyncDAPOCollector`` and ``CollectorConfig``: DAPO batches (``dapo``);
+  ``ForkOf``, ``before_last_turn``: fork groups in them (``dapo_forks``);
 - ``samples_of`` and ``Sample``: a rollout's training samples (main agent, sub-agents, rewrites,
   auxiliary calls), each token-exact with its reward (``samples``);
 - ``VLLMWeightSync``: weight updates with rollouts in flight (``weights``);
@@ -35,14 +36,24 @@ from prorl_celery.trainer.client import (
     reward_of,
 )
 from prorl_celery.trainer.dapo import AsyncDAPOCollector, DAPOCollector
-from prorl_celery.trainer.dapo_types import Batch, CollectorConfig, Group, Rollout, RolloutsFailing, StepStats
+from prorl_celery.trainer.dapo_forks import before_last_turn, fork_point
+from prorl_celery.trainer.dapo_types import (
+    Batch,
+    CollectorConfig,
+    ForkOf,
+    ForkPoint,
+    Group,
+    Rollout,
+    RolloutsFailing,
+    StepStats,
+)
 from prorl_celery.trainer.samples import Sample, samples_of
 from prorl_celery.trainer.weights import VLLMWeightSync, WeightSyncError
 
 __all__ = [
     "AsyncDAPOCollector", "AsyncRolloutClient", "Batch", "CancelOutcome", "ClientError", "CollectorConfig",
-    "DAPOCollector", "GatewayError", "GatewayUnavailable", "Group", "JobRequest", "RequestRejected", "RetryPolicy",
-    "RewardInvalid", "Rollout", "RolloutClient", "RolloutOutcome", "RolloutsFailing", "Sample", "StepStats",
-    "VLLMWeightSync", "WaitTimeout", "WeightSyncError", "assign_backends", "is_trainable", "new_job_id", "reward_of",
-    "samples_of",
+    "DAPOCollector", "ForkOf", "ForkPoint", "GatewayError", "GatewayUnavailable", "Group", "JobRequest",
+    "RequestRejected", "RetryPolicy", "RewardInvalid", "Rollout", "RolloutClient", "RolloutOutcome", "RolloutsFailing",
+    "Sample", "StepStats", "VLLMWeightSync", "WaitTimeout", "WeightSyncError", "assign_backends", "before_last_turn",
+    "fork_point", "is_trainable", "new_job_id", "reward_of", "samples_of",
 ]

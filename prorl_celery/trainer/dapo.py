@@ -9,6 +9,13 @@ The trainer calls ``batch = collector.next_batch()`` once per step and gets exac
   from the stream), never waiting for a batch;
 * **filtering**: a complete group whose rewards the ``group_filter`` rejects (by default: all
   equal, i.e. all right or all wrong) is dropped and counted as ``filtered``;
+* **fork groups** (:mod:`prorl_celery.trainer.dapo_forks`): a ``ForkOf`` in the prompt stream is
+  a group of ``group_size`` forks of a job at a turn (``POST /jobs/<id>/fork``), grouped,
+  filtered and batched like any group; with ``fork_filtered``, a filtered group is sampled again
+  by forking one of its members at ``fork_at`` instead of being dropped (counted as ``forked``
+  too), so its first turns are not generated again. Each rollout says what it forked from
+  (``fork_of``, ``fork_turn``, ``shared_turns``), its group where (``Group.fork``), and its
+  samples leave the shared prefix out of the loss mask;
 * **early termination**: when the B-th informative group completes, the step ends. Groups still
   unfinished are either *carried over* (kept running; their results count in the next step) or
   *cancelled* with ``POST /cancel``. A group is carried over when it is young enough
@@ -34,8 +41,9 @@ counts ``resubmitted`` and ``dropped`` rollouts per outcome class. ``agent_error
 own failure, judged by the evaluator) is a valid reward and stays. Rollouts the collector
 cancelled itself (early termination, dropped groups) are discarded as before, never resubmitted.
 
-Job ids are made by the collector before submission, so a submit or wait interrupted by a
-gateway restart is resumed by id: nothing runs twice and no result is lost. Each step's
+Job ids (and fork group ids) are made by the collector before submission, so a submit, a fork
+or a wait interrupted by a gateway restart is resumed by id: nothing runs twice and no result is
+lost. Each step's
 :class:`StepStats` records submitted, completed, cancelled, filtered, carried over, wall time
 and, given a ``busy_probe``, the fraction of the step the backends were busy.
 """
@@ -51,12 +59,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, TypeGuard
 
-from prorl_celery.core.errors import BadRequest, JobNotFound, PromptsExhausted
+from prorl_celery.core.errors import BadRequest, Conflict, JobNotFound, PromptsExhausted
+from prorl_celery.trainer import dapo_forks as forks
 from prorl_celery.trainer.client import AsyncRolloutClient, JobRequest, RequestRejected, RolloutClient, RolloutOutcome
 from prorl_celery.trainer.dapo_types import (
     Batch,
     BusyProbe,
     CollectorConfig,
+    ForkOf,
+    ForkPoint,
     Group,
     Rollout,
     RolloutsFailing,
@@ -65,18 +76,21 @@ from prorl_celery.trainer.dapo_types import (
 )
 from prorl_celery.trainer.samples import samples_of
 
-__all__ = ["AsyncDAPOCollector", "Batch", "CollectorConfig", "DAPOCollector", "Group", "PromptsExhausted",
-           "Rollout", "RolloutsFailing", "StepStats", "not_all_equal"]
+__all__ = ["AsyncDAPOCollector", "Batch", "CollectorConfig", "DAPOCollector", "ForkOf", "ForkPoint", "Group",
+           "PromptsExhausted", "Rollout", "RolloutsFailing", "StepStats", "not_all_equal"]
 
 log = logging.getLogger(__name__)
+#: what the gateway answers a submission it will never accept: its group is dropped (a fork's
+#: source unknown or expired, or its group id taken by another request, included)
+REJECTED = (BadRequest, RequestRejected, Conflict, JobNotFound)
 
 
 class AsyncDAPOCollector:
-    """See the module docstring. ``prompts`` yields task instances (dicts); ``make_request``
+    """See the module docstring. ``prompts`` yields task instances (dicts) or ``ForkOf``; ``make_request``
     (group, rollout index) -> ``{"instance", "sampling_params"?, "task"?, "timeout_s"?}``
     replaces the default request, e.g. to vary the seed per rollout."""
 
-    def __init__(self, client: AsyncRolloutClient, prompts: Iterable[dict[str, Any]],
+    def __init__(self, client: AsyncRolloutClient, prompts: Iterable[dict[str, Any] | ForkOf],
                  config: CollectorConfig | None = None, *,
                  make_request: Callable[[Group, int], dict[str, Any]] | None = None,
                  busy_probe: BusyProbe | None = None, run_id: str | None = None, **options: Any) -> None:
@@ -86,12 +100,14 @@ class AsyncDAPOCollector:
         self.busy_probe = busy_probe
         self.run_id = run_id or uuid.uuid4().hex[:10]
         self.step = 0
-        self._prompts: Iterator[dict[str, Any]] = iter(prompts)
+        self._prompts: Iterator[dict[str, Any] | ForkOf] = iter(prompts)
         self._exhausted = False
         self._next_key = 0
         self._groups: dict[int, Group] = {}
         #: (group key, index, job id if one was already tried) of rollouts not yet submitted
         self._pending: deque[tuple[int, int, str | None]] = deque()
+        #: keys of fork groups whose fork request is still to be made
+        self._fork_queue: deque[int] = deque()
         #: job id -> (rollout, the task of the POST /jobs/wait stream watching it: one per batch)
         self._watchers: dict[str, tuple[Rollout, asyncio.Task]] = {}
         self._unwatched: list[Rollout] = []  # submitted, their stream not yet started
@@ -111,9 +127,10 @@ class AsyncDAPOCollector:
 
     def _too_old(self, rollout: Rollout) -> bool:
         lag = self.config.max_policy_lag
-        if lag is None or self.policy_version is None or not rollout.policy_versions:
+        versions = forks.trained_versions(rollout)
+        if lag is None or self.policy_version is None or not versions:
             return False
-        return min(rollout.policy_versions) < self.policy_version - lag
+        return min(versions) < self.policy_version - lag
 
     def default_request(self, group: Group, index: int) -> dict[str, Any]:
         """The prompt's instance with ``instance_id``/``trajectory_id`` and the config's fields."""
@@ -151,7 +168,7 @@ class AsyncDAPOCollector:
         busy_after = await self._busy()
         if busy_before is not None and busy_after is not None and stats.wall_s > 0:
             stats.busy_fraction = (busy_after - busy_before) / stats.wall_s
-        if not groups and self._exhausted and not self._watchers and not self._ready:
+        if not groups and self._exhausted and not self._watchers and not self._ready and not self._fork_queue:
             raise PromptsExhausted(f"the prompt stream ended (step {self.step})")
         return Batch(self.step, groups, stats, self._cancelled_ids)
 
@@ -213,29 +230,45 @@ class AsyncDAPOCollector:
     async def _replenish(self, stats: StepStats) -> None:
         """Submit until ``max_in_flight`` rollouts are running or ended but not yet read.
 
-        Counting the unread results too keeps submission from running ahead of collection.
+        Counting the unread results too keeps submission from running ahead of collection. A
+        fork group goes out whole, in one request, as soon as a slot is free.
         """
         batch: list[Rollout] = []
-        while len(self._watchers) + self._results.qsize() + len(batch) < self.config.in_flight:
+        errors: list[BaseException] = []
+        while not errors and len(self._watchers) + self._results.qsize() + len(batch) < self.config.in_flight:
+            if self._fork_queue:
+                error = await self._submit_fork_group(self._fork_queue.popleft(), stats)
+                errors += [error] if error is not None else []
+                continue
             slot = self._next_slot()
             if slot is None:
+                if self._fork_queue:  # the stream asked for a fork group: submitted next time round
+                    continue
                 break
-            group, index, job_id = slot
-            # a submission that failed is repeated under its id: the job may exist already
-            job_id = job_id or f"{self.run_id}-{group.key}-{index}-{group.resubmits.get(index, 0)}" + (
-                f"-r{group.reruns}" if group.reruns else "")
-            rollout = Rollout(job_id, group.key, index, self.step)
-            group.rollouts[index] = rollout
-            batch.append(rollout)
+            batch.append(self._slot_rollout(*slot))
         if batch:
             outcomes = await self._submit_all(batch)
-            errors = [self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes, strict=True)]
-            self._start_watching()
-            for error in errors:
-                if error is not None:
-                    raise error
+            submitted = (self._submitted(r, outcome, stats) for r, outcome in zip(batch, outcomes, strict=True))
+            errors += [error for error in submitted if error is not None]
+        self._start_watching()
+        if errors:
+            raise errors[0]
+
+    def _slot_rollout(self, group: Group, index: int, job_id: str | None) -> Rollout:
+        """The rollout of slot ``index``: a fresh job id, or that of a submission that failed
+        (repeated under its id: the job may exist already)."""
+        resubmits = group.resubmits.get(index, 0)
+        if job_id is None and group.fork is not None:  # run again as a fork too, never from zero
+            job_id = forks.one_fork_job_id(forks.refork_group_id(group, index, resubmits))
+        job_id = job_id or f"{self.run_id}-{group.key}-{index}-{resubmits}" + (
+            f"-r{group.reruns}" if group.reruns else "")
+        rollout = Rollout(job_id, group.key, index, self.step)
+        group.rollouts[index] = rollout
+        return rollout
 
     def _next_slot(self) -> tuple[Group, int, str | None] | None:
+        """The next rollout to submit: a slot left pending, else the first of a new prompt's group;
+        None when there is none (or the stream gave a ``ForkOf``: its group is queued)."""
         while self._pending:
             key, index, job_id = self._pending.popleft()
             if key in self._groups:
@@ -248,10 +281,66 @@ class AsyncDAPOCollector:
             self._exhausted = True
             return None
         key, self._next_key = self._next_key, self._next_key + 1
+        if isinstance(instance, ForkOf):
+            self._new_fork_group(key, instance.prompt_id or f"fork:{instance.job_id}@{instance.turn}",
+                                 instance.instance, ForkPoint(instance.job_id, instance.turn,
+                                                              forks.group_id_of(self.run_id, key)))
+            return None
         prompt_id = str(instance.get("instance_id") or f"p{key}")
         group = self._groups[key] = Group(key, prompt_id, instance, self.config.group_size, self.step)
         self._pending.extend((key, i, None) for i in range(1, group.size))
         return group, 0, None
+
+    # -- fork groups ---------------------------------------------------------------------------------
+
+    def _new_fork_group(self, key: int, prompt_id: str, instance: dict[str, Any], point: ForkPoint,
+                        resamples: int = 0) -> Group:
+        """A fork group, queued for its one fork request (``_submit_fork_group``)."""
+        group = self._groups[key] = Group(key, prompt_id, instance, self.config.group_size, self.step,
+                                          fork=point, resamples=resamples)
+        self._fork_queue.append(key)
+        return group
+
+    def _fork_filtered(self, group: Group, stats: StepStats) -> bool:
+        """Sample a filtered group again by forking one of its members (``fork_filtered``,
+        ``fork_at``); False when it is not to be, or cannot be (no member to fork)."""
+        if group.resamples >= self.config.fork_filtered:
+            return False
+        chosen = forks.choose_fork(self.config, group)
+        if chosen is None:
+            return False
+        member, turn = chosen
+        key, self._next_key = self._next_key, self._next_key + 1
+        point = ForkPoint(member.job_id, turn, forks.group_id_of(self.run_id, key), parent=group.key)
+        self._new_fork_group(key, group.prompt_id, group.instance, point, group.resamples + 1)
+        stats.forked += 1
+        return True
+
+    async def _submit_fork_group(self, key: int, stats: StepStats) -> BaseException | None:
+        """One ``POST /jobs/<id>/fork`` for a whole fork group; returns the error to raise when
+        the gateway failed (the group stays queued: the retry, under the same group id, finds
+        any fork the lost attempt started). A fork the gateway refuses (the source or its
+        journal expired, a conflict) drops the group."""
+        group = self._groups.get(key)
+        if group is None:  # dropped meanwhile
+            return None
+        point = group.fork
+        assert point is not None
+        try:
+            ids = await self.client.fork(point.job_id, point.turn, group.size, group_id=point.group_id)
+        except REJECTED as error:
+            log.warning("fork of %s at turn %d refused, dropping its group: %s", point.job_id, point.turn, error)
+            self._drop(group, stats)
+            return None
+        except Exception as error:  # noqa: BLE001 - the gateway is unreachable: the same request later
+            self._fork_queue.appendleft(key)
+            return error
+        group.first_step = self.step  # its staleness counts from when its rollouts started
+        for index, job_id in enumerate(ids):
+            rollout = group.rollouts[index] = Rollout(job_id, key, index, self.step)
+            stats.submitted += 1
+            self._watch(rollout)
+        return None
 
     def _request(self, rollout: Rollout) -> JobRequest:
         group = self._groups[rollout.group_key]
@@ -260,7 +349,19 @@ class AsyncDAPOCollector:
 
     async def _submit_all(self, rollouts: list[Rollout]) -> list[str | BaseException]:
         """Every rollout in one batch request; when the gateway rejects the batch, one by one, so
-        only the rejected rollout's group is dropped."""
+        only the rejected rollout's group is dropped. A fork group's rollout run again is a fork
+        of its own (a group of one, under its own group id)."""
+        forked = [r for r in rollouts if self._fork_of(r) is not None]
+        plain = [r for r in rollouts if self._fork_of(r) is None]
+        outcomes: dict[str, str | BaseException] = {}
+        if plain:
+            outcomes.update(zip((r.job_id for r in plain), await self._submit_plain(plain), strict=True))
+        if forked:
+            replies = await asyncio.gather(*(self._refork(r) for r in forked), return_exceptions=True)
+            outcomes.update(zip((r.job_id for r in forked), replies, strict=True))
+        return [outcomes[r.job_id] for r in rollouts]
+
+    async def _submit_plain(self, rollouts: list[Rollout]) -> list[str | BaseException]:
         requests = [self._request(r) for r in rollouts]
         try:
             return list(await self.client.submit_many(requests))
@@ -270,11 +371,22 @@ class AsyncDAPOCollector:
         except Exception as error:  # noqa: BLE001 - the gateway is unreachable: every one waits
             return [error] * len(rollouts)
 
+    def _fork_of(self, rollout: Rollout) -> ForkPoint | None:
+        group = self._groups.get(rollout.group_key)
+        return group.fork if group is not None else None
+
+    async def _refork(self, rollout: Rollout) -> str:
+        point = self._fork_of(rollout)
+        assert point is not None
+        (job_id,) = await self.client.fork(point.job_id, point.turn, 1,
+                                           group_id=forks.refork_group_of(rollout.job_id))
+        return job_id
+
     def _submitted(self, rollout: Rollout, outcome: str | BaseException,
                    stats: StepStats) -> BaseException | None:
         """Watch a submitted rollout; returns the error to raise when the gateway failed."""
         group = self._groups.get(rollout.group_key)
-        if isinstance(outcome, (BadRequest, RequestRejected)):
+        if isinstance(outcome, REJECTED):
             log.warning("rollout %s rejected, dropping its group: %s", rollout.job_id, outcome)
             if group is not None:
                 self._drop(group, stats)
@@ -338,6 +450,8 @@ class AsyncDAPOCollector:
         rollout.result, rollout.status, rollout.outcome = result, result["status"], ending.outcome
         rollout.generation = result.get("generation")
         rollout.policy_versions = list((result.get("trajectory") or {}).get("policy_versions") or [])
+        rollout.fork_of, rollout.fork_turn, rollout.shared_turns = forks.fork_fields(result)
+        # a fork's shared prefix is masked out of its samples (prorl_celery.trainer.samples)
         rollout.samples = samples_of(result, include_auxiliary=self.config.train_auxiliary)
         self._failures_in_row = 0 if ending.reward_valid else self._failures_in_row + 1
         if self._failures_in_row > self.config.failure_limit:
@@ -379,6 +493,8 @@ class AsyncDAPOCollector:
         if self.config.group_filter(group.rewards):
             return group
         stats.filtered += 1
+        if self.config.fork_filtered:
+            self._fork_filtered(group, stats)
         return None
 
     def _drop(self, group: Group, stats: StepStats) -> None:
@@ -420,12 +536,13 @@ class AsyncDAPOCollector:
             group = self._collect(rollout, outcome, stats)
             if group is not None:
                 self._ready.append(group)
-        keep = self._carry_candidates()
+        # a fork group not yet submitted costs nothing: it waits for a free slot of the next step
+        keep = self._carry_candidates() | set(self._fork_queue)
         for group in list(self._groups.values()):
             if group.key not in keep:
                 del self._groups[group.key]
                 self._cancel_rollouts(group)
-        stats.carried_groups = len(keep)
+        stats.carried_groups = len(keep - set(self._fork_queue))
         stats.carried_over = sum(1 for r, _ in self._watchers.values() if r.group_key in keep)
         await self._flush_cancels(stats)
 
@@ -468,6 +585,7 @@ class AsyncDAPOCollector:
         self._watchers.clear()
         self._groups.clear()
         self._pending.clear()
+        self._fork_queue.clear()
         if cancel and ids:
             await self.client.cancel(ids)
 
@@ -476,7 +594,7 @@ class DAPOCollector:
     """Blocking :class:`AsyncDAPOCollector`, on the loop of a :class:`RolloutClient`: results keep
     arriving while the trainer computes its update between two ``next_batch`` calls."""
 
-    def __init__(self, client: RolloutClient, prompts: Iterable[dict[str, Any]],
+    def __init__(self, client: RolloutClient, prompts: Iterable[dict[str, Any] | ForkOf],
                  config: CollectorConfig | None = None, **options: Any) -> None:
         self.client = client
         self.aio: AsyncDAPOCollector = client.run(_make_async(client.aio, prompts, config, options))
@@ -513,6 +631,6 @@ def _wait_failed(outcome: dict[str, Any] | Exception) -> TypeGuard[Exception]:
     return isinstance(outcome, Exception) and not isinstance(outcome, JobNotFound)
 
 
-async def _make_async(client: AsyncRolloutClient, prompts: Iterable[dict[str, Any]],
+async def _make_async(client: AsyncRolloutClient, prompts: Iterable[dict[str, Any] | ForkOf],
                       config: CollectorConfig | None, options: dict[str, Any]) -> AsyncDAPOCollector:
     return AsyncDAPOCollector(client, prompts, config, **options)

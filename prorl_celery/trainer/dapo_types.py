@@ -60,6 +60,23 @@ class CollectorConfig:
     #: train on a rollout's auxiliary samples too (calls under another model name, such as a
     #: small model's titles): they are in ``Rollout.samples`` only when this is set
     train_auxiliary: bool = False
+    #: a complete group the filter rejects (all rewards equal) is sampled again, up to this many
+    #: times in a row, by forking one of its members instead of being dropped: a new group of
+    #: ``group_size`` forks sharing the member's first turns, which the service never generates
+    #: again (0: off, a filtered group is dropped as before)
+    fork_filtered: int = 0
+    #: where a filtered group is forked: a fraction of the turns of its longest member (the turn
+    #: is ``floor(fork_at * turns)``, at least 1 and at most ``turns - 1``, so something is
+    #: shared and something sampled again; a member of one turn is not forked), or a function
+    #: ``(group) -> (member, turn)`` or None (that group stays filtered), such as
+    #: ``prorl_celery.trainer.dapo_forks.before_last_turn``
+    fork_at: float | Callable[[Group], tuple[Rollout, int] | None] = 0.5
+
+    def __post_init__(self) -> None:
+        if self.fork_filtered < 0:
+            raise ValueError(f"fork_filtered: 0 or more re-samples, got {self.fork_filtered}")
+        if not callable(self.fork_at) and not 0.0 <= self.fork_at <= 1.0:
+            raise ValueError(f"fork_at: a fraction of the turns, 0 to 1, or a function; got {self.fork_at!r}")
 
     @property
     def in_flight(self) -> int:
@@ -72,6 +89,31 @@ class CollectorConfig:
     @property
     def smallest_group(self) -> int:
         return min(self.group_size, 2 if self.min_group_size is None else self.min_group_size)
+
+
+@dataclass(frozen=True)
+class ForkOf:
+    """An item of the prompt stream that asks for a fork group instead of a fresh one: the
+    collector forks ``job_id`` (any ended or running job with a journal) at ``turn`` into
+    ``group_size`` jobs, and groups, filters and batches them like any group (tree-shaped
+    rollouts). ``prompt_id`` and ``instance`` name the group (default ``fork:<job>@<turn>``)."""
+
+    job_id: str
+    turn: int
+    prompt_id: str | None = None
+    instance: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ForkPoint:
+    """Where a fork group comes from: ``POST /jobs/<job_id>/fork`` at ``turn`` under the
+    collector's ``group_id`` (so a retried request never starts a second set)."""
+
+    job_id: str
+    turn: int
+    group_id: str
+    #: the key of the filtered group it samples again (None: the prompt stream asked for it)
+    parent: int | None = None
 
 
 @dataclass
@@ -96,6 +138,12 @@ class Rollout:
     #: first, then sub-agents' and rewrites' (auxiliary ones with ``train_auxiliary``), each
     #: with the rollout's reward unless the handler gave it its own
     samples: list[Sample] = field(default_factory=list)
+    #: a fork's (its result's ``fork``): the job it forked from, at which turn, and the turns it
+    #: really shares (0 when it had to start again from turn zero); those are masked out of its
+    #: samples (``prorl_celery.trainer.samples``)
+    fork_of: str | None = None
+    fork_turn: int | None = None
+    shared_turns: int = 0
 
     @property
     def carried_over(self) -> bool:
@@ -119,6 +167,10 @@ class Group:
     resubmits: dict[int, int] = field(default_factory=dict)
     #: rollouts run again for their policy lag (not failures: max_resubmits does not count them)
     reruns: int = 0
+    #: a fork group's origin (None: a fresh group of the prompt)
+    fork: ForkPoint | None = None
+    #: how many filtered groups before it this one samples again (``fork_filtered`` bounds it)
+    resamples: int = 0
 
     @property
     def finished(self) -> list[Rollout]:
@@ -150,6 +202,8 @@ class StepStats:
     cancelled: int = 0
     #: complete groups dropped by the filter
     filtered: int = 0
+    #: of those, the groups sampled again by forking one of their members (``fork_filtered``)
+    forked: int = 0
     #: groups dropped: a submission the gateway rejected, or fewer than min_group_size valid
     #: rollouts left after drops
     failed_groups: int = 0
