@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,11 @@ class FakeJob:
     def result(self) -> dict[str, Any]:
         instance = self.body["instance"]
         trajectory = None if self.policy_version is None else {"policy_versions": [self.policy_version]}
+        if instance.get("turns"):  # a trajectory of that many model turns (one token each)
+            n = int(instance["turns"])
+            trajectory = {**(trajectory or {"policy_versions": []}), "num_turns": n,
+                          "turns": [{"output_start": i, "output_len": 1, "policy_version": self.policy_version}
+                                    for i in range(n)]}
         if instance.get("tokens"):  # a trajectory of that many model tokens
             n = int(instance["tokens"])
             trajectory = {**(trajectory or {"policy_versions": []}), "prompt_ids": [1, 2],
@@ -60,6 +66,8 @@ class FakeJob:
         result = {"job_id": self.job_id, "status": self.status, "reward": self.reward,
                   "instance_id": instance.get("instance_id"), "trajectory_id": instance.get("trajectory_id"),
                   "generation": self.generation, "critical_error": None, "error": None, "trajectory": trajectory}
+        if "fork" in self.body:  # a fork: what it shares (every turn up to its fork point)
+            result["fork"] = {**self.body["fork"], "shared_turns": self.body["fork"]["turn"]}
         if self.legacy or self.outcome is None:
             return result
         outcome = Outcome(self.outcome)
@@ -71,7 +79,8 @@ class FakeJob:
 
 
 class FakeGateway:
-    """The gateway's job endpoints in memory, as an httpx transport (``/jobs``, ``/cancel``, backends).
+    """The gateway's job endpoints in memory, as an httpx transport (``/jobs``, ``/cancel``,
+    ``/jobs/<id>/fork``, backends).
 
     ``faults`` is consumed one per request: None serves it, an int answers with that status and a JSON error body,
     an exception class is raised as a transport error, ``LOSE_REPLY`` serves the request and then
@@ -111,7 +120,8 @@ class FakeGateway:
 
     async def serve(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        route = path if path == "/jobs/wait" else path.split("/jobs/")[0] or "/jobs/<id>"
+        route = path if path == "/jobs/wait" else path.split("/jobs/")[0] or (
+            "/jobs/<id>/fork" if path.endswith("/fork") else "/jobs/<id>")
         self.requests[f"{request.method} {route}"] += 1
         payload = json.loads(request.content) if request.content else {}
         if request.method == "POST" and path == "/jobs":
@@ -120,6 +130,8 @@ class FakeGateway:
                 bad = next((r for r in replies if r.status_code != 202), None)
                 return bad or httpx.Response(202, json={"jobs": [json.loads(r.content) for r in replies]})
             return self.create(payload)
+        if request.method == "POST" and path.startswith("/jobs/") and path.endswith("/fork"):
+            return self.fork(path.removeprefix("/jobs/").removesuffix("/fork"), payload)
         if request.method == "POST" and path == "/jobs/wait":
             return self.wait_many(payload["job_ids"], float(payload.get("timeout_s", 600)), request.url.host)
         if request.method == "GET" and path.startswith("/jobs/"):
@@ -147,6 +159,27 @@ class FakeGateway:
             job.status = "run"
             job.timer = asyncio.get_running_loop().call_later(delay, self.finish, job, ending, reward)
         return httpx.Response(202, json={"job_id": job_id, "status": self.jobs[job_id].status, "created": created})
+
+    def fork(self, source_id: str, payload: dict[str, Any]) -> httpx.Response:
+        """``POST /jobs/<id>/fork``: jobs ``<group_id>-<i>`` whose bodies are the source's with a
+        ``fork`` field (``of``, ``turn``, ``group``, ``index``, ``count``) for the script to read;
+        idempotent under ``group_id``, 409 when it names another request's forks."""
+        source = self.jobs.get(source_id)
+        if source is None:
+            return httpx.Response(404, json={"code": "job_not_found", "message": f"no job with id {source_id!r}"})
+        turn, count = int(payload["turn"]), int(payload.get("count", 1))
+        group = payload.get("group_id") or f"{source_id}-fork{turn}-{uuid.uuid4().hex[:6]}"
+        replies = []
+        for index in range(count):
+            fork = {"of": source_id, "turn": turn, "group": group, "index": index, "count": count}
+            job_id = f"{group}-{index}"
+            existing = self.jobs.get(job_id)
+            if existing is not None and existing.body.get("fork") != fork:
+                return httpx.Response(409, json={"code": "conflict", "message": f"group_id {group!r} is taken"})
+            body = {**source.body, "job_id": job_id, "fork": fork,
+                    "instance": {**source.body["instance"], "trajectory_id": index}}
+            replies.append(json.loads(self.create(body).content))
+        return httpx.Response(202, json={"group_id": group, "fork_of": source_id, "turn": turn, "jobs": replies})
 
     def finish(self, job: FakeJob, ending: str, reward: float) -> None:
         """End ``job`` as ``ending``: a status (its outcome the status's) or an outcome class."""
