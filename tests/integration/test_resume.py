@@ -252,3 +252,20 @@ def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm,
         assert fork["trajectory"]["turns"][:k] == source_turns[:k]
     # each fork asked the model only for its own turns, k + 1 .. TURNS
     assert len(requests_of(llm, "RESUME-STATEFUL", 13, tokenizer)) == TURNS + n * (TURNS - k)
+
+
+def test_a_fork_whose_shared_observation_differs_starts_again_and_shares_nothing(cluster, llm, tokenizer):
+    """A fork at turn 5 of the job whose tool prints the time meets a different observation
+    after turn 3: it starts again from turn zero, and its report says it shares nothing (a
+    trainer masks a fork's shared turns by that count: prorl_celery.trainer.samples)."""
+    llm.reset()
+    with Gateway(cluster) as gateway:
+        source = finished_job(gateway, "RESUME-CLOCK", 14)
+        accepted = gateway.post(f"/jobs/{source['job_id']}/fork", json={"turn": 5, "count": 1, "group_id": "clock"})
+        assert accepted.status_code == 202, accepted.text
+        fork = gateway.result("clock-0", wait=120)
+    assert fork["status"] == "completed", fork["error"]
+    assert fork["resume"]["restarted"] is True and fork["resume"]["diverged_at_turn"] == 3, fork["resume"]
+    assert fork["fork"]["shared_turns"] == 0 and fork["fork"]["shared_tokens"] == 0, fork["fork"]
+    assert fork["fork"]["restarted"] is True and fork["trajectory"]["num_turns"] == TURNS
+    assert len(requests_of(llm, "RESUME-CLOCK", 14, tokenizer)) == 2 * TURNS  # every turn generated again

@@ -55,9 +55,13 @@ class FakeJob:
         trajectory = None if self.policy_version is None else {"policy_versions": [self.policy_version]}
         if instance.get("turns"):  # a trajectory of that many model turns (one token each)
             n = int(instance["turns"])
-            trajectory = {**(trajectory or {"policy_versions": []}), "num_turns": n,
-                          "turns": [{"output_start": i, "output_len": 1, "policy_version": self.policy_version}
-                                    for i in range(n)]}
+            # a fork's shared turns are its source's, with the version that made them
+            shared = self.body["fork"]["turn"] if "fork" in self.body else 0
+            versions = [self.body.get("source_version") if i < shared else self.policy_version for i in range(n)]
+            trajectory = {**(trajectory or {}), "num_turns": n,
+                          "policy_versions": sorted({v for v in versions if v is not None}),
+                          "turns": [{"output_start": i, "output_len": 1, "policy_version": v}
+                                    for i, v in enumerate(versions)]}
         if instance.get("tokens"):  # a trajectory of that many model tokens
             n = int(instance["tokens"])
             trajectory = {**(trajectory or {"policy_versions": []}), "prompt_ids": [1, 2],
@@ -176,7 +180,7 @@ class FakeGateway:
             existing = self.jobs.get(job_id)
             if existing is not None and existing.body.get("fork") != fork:
                 return httpx.Response(409, json={"code": "conflict", "message": f"group_id {group!r} is taken"})
-            body = {**source.body, "job_id": job_id, "fork": fork,
+            body = {**source.body, "job_id": job_id, "fork": fork, "source_version": source.policy_version,
                     "instance": {**source.body["instance"], "trajectory_id": index}}
             replies.append(json.loads(self.create(body).content))
         return httpx.Response(202, json={"group_id": group, "fork_of": source_id, "turn": turn, "jobs": replies})
