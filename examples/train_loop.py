@@ -77,7 +77,9 @@ def trainer_update(batch: Batch, generation: int) -> dict[str, float]:
     policy-gradient surrogate ``-A * logprob`` averaged over model tokens, and token counts.
 
     Samples produced under an older backend generation (carried over across a weight update)
-    get half the weight; dropping them is the other common choice.
+    get half the weight; dropping them is the other common choice. The tokens trained on are those
+    of each sample's loss mask (``rollout.samples``): not the observations, nor a fork's shared
+    prefix (docs/trainer.md, "Fork groups").
     """
     surrogate, tokens, advantages = 0.0, 0, []
     for group in batch.groups:
@@ -85,12 +87,10 @@ def trainer_update(batch: Batch, generation: int) -> dict[str, float]:
         for rollout in group.ordered:
             advantage = (rollout.reward - mean) / (std + 1e-6)
             weight = 1.0 if rollout.generation == generation else 0.5
-            trajectory = (rollout.result or {}).get("trajectory") or {}
-            mask, logprobs = trajectory.get("response_mask", []), trajectory.get("response_logprobs", [])
-            # observation tokens (mask 0) are not trained on
-            model_logprobs = [lp for lp, m in zip(logprobs, mask, strict=False) if m]
-            surrogate -= weight * advantage * sum(model_logprobs)
-            tokens += len(model_logprobs)
+            for sample in rollout.samples:
+                model_logprobs = [lp for lp, m in zip(sample.response_logprobs, sample.response_mask) if m]
+                surrogate -= weight * advantage * sum(model_logprobs)
+                tokens += len(model_logprobs)
             advantages.append(advantage)
     return {"surrogate_loss": surrogate / max(1, tokens), "tokens": tokens,
             "mean_abs_advantage": statistics.fmean(map(abs, advantages))}
