@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prorl_celery.core.errors import ProrlError
+from prorl_celery.core.forks import MAX_FORKS
 from prorl_celery.trainer.samples import Sample
 
 #: cumulative backend busy time, in seconds per unit of capacity (a float, or awaitable)
@@ -75,6 +76,9 @@ class CollectorConfig:
     def __post_init__(self) -> None:
         if self.fork_filtered < 0:
             raise ValueError(f"fork_filtered: 0 or more re-samples, got {self.fork_filtered}")
+        if self.fork_filtered and self.group_size > MAX_FORKS:  # one fork request makes a whole group
+            raise ValueError(f"fork_filtered: a fork group holds at most {MAX_FORKS} forks; group_size is "
+                             f"{self.group_size}")
         if not callable(self.fork_at) and not 0.0 <= self.fork_at <= 1.0:
             raise ValueError(f"fork_at: a fraction of the turns, 0 to 1, or a function; got {self.fork_at!r}")
 

@@ -160,6 +160,9 @@ def test_a_function_chooses_where_to_fork():
         CollectorConfig(2, 1, fork_at=1.5)
     with pytest.raises(ValueError, match="fork_filtered"):
         CollectorConfig(2, 1, fork_filtered=-1)
+    with pytest.raises(ValueError, match=f"at most {MAX_FORKS} forks"):
+        CollectorConfig(MAX_FORKS + 1, 1, fork_filtered=1)
+    assert CollectorConfig(MAX_FORKS + 1, 1).fork_filtered == 0  # without forks, any group size
 
 
 def test_a_forks_staleness_is_judged_by_its_own_turns():
