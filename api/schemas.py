@@ -57,6 +57,11 @@ class ProcessRequest(BaseModel):
     def _task_named(self) -> ProcessRequest:
         if not self.task and not isinstance(self.instance.get("data_source"), str):
             raise ValueError("name the task: give 'task' or 'instance.data_source'")
+        if self.job_id and self.num_samples:  # the group's jobs are <job_id>-<i>: each a valid job id
+            room = JOB_ID_MAX - len(f"-{self.num_samples - 1}")
+            if len(self.job_id) > room:
+                raise ValueError(f"job_id: with num_samples {self.num_samples} its jobs are <job_id>-<i>, so job_id "
+                                 f"may have at most {room} characters, got {len(self.job_id)}")
         return self
 
     @property

@@ -48,6 +48,12 @@ def test_a_bad_request_in_a_batch_names_its_index_and_creates_nothing(gateway):
     assert gateway.post("/jobs", json=[]).status_code == 400
     group_on_process = gateway.post("/process", json={"instance": job(1.0), "num_samples": 2})
     assert group_on_process.status_code == 400 and "num_samples" in group_on_process.json["message"]
+    # a group's jobs are <job_id>-<i>: each must be a job id that GET /jobs/<id> and /jobs/wait accept
+    longest = "g" * 125
+    too_long = gateway.post("/jobs", json={"instance": job(1.0), "job_id": longest + "x", "num_samples": 11})
+    assert too_long.status_code == 400 and "at most 125 characters, got 126" in too_long.json["message"], too_long.text
+    fits = gateway.post("/jobs", json={"instance": job(1.0), "job_id": longest, "num_samples": 11})
+    assert fits.status_code == 202 and gateway.result(f"{longest}-10")["status"] == "completed"
 
 
 def test_the_client_submits_in_batches_and_groups(gateway):
