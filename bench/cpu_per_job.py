@@ -50,6 +50,7 @@ from bench.overhead import Processes, start_baseline_workers, start_redis
 from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster, ManagedProcess, wait_until
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_per_job.json"
 TARGET_MS = 6.0
 SERVICE = ("gateway", "init", "run", "eval", "redis")
@@ -70,6 +71,7 @@ class Plan:
     chain_pools: dict[Stage, int]
     gateway_workers: int
     profile: str | None
+    tree: str | None = None
 
 
 def parse_args(argv: list[str] | None) -> Plan:
@@ -90,6 +92,8 @@ def parse_args(argv: list[str] | None) -> Plan:
                         help="raw chain threads init,run,eval (default %(default)s)")
     parser.add_argument("--gateway-workers", type=int, default=2)
     parser.add_argument("--profile", metavar="DIR", help="py-spy record every service process into DIR")
+    parser.add_argument("--tree", help="run the service of this tree (a checkout, e.g. `git archive HEAD~1 | tar -x "
+                        "-C /tmp/old`) instead of this one's: an older tree's figures beside this one's, run by run")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 200 jobs")
     args = parser.parse_args(argv)
 
@@ -102,7 +106,8 @@ def parse_args(argv: list[str] | None) -> Plan:
                 delay_s=args.delay, connections=args.connections, style=args.style,
                 chain_clients=args.chain_clients, idle_s=args.idle,
                 pools=pools(args.pools), chain_pools=pools(args.chain_pools), gateway_workers=args.gateway_workers,
-                profile=str(Path(args.profile).resolve()) if args.profile else None)
+                profile=str(Path(args.profile).resolve()) if args.profile else None,
+                tree=str(Path(args.tree).resolve()) if args.tree else None)
 
 
 # -- CPU readings ----------------------------------------------------------------------------------
@@ -240,12 +245,19 @@ def run(plan: Plan) -> dict[str, Any]:
         tokenizer = str(ensure_tokenizer("qwen3"))
         llm = [sys.executable, "-m", "prorl_celery.dev.llm_server", "--scripted", str(rules(log_dir, plan.delay_s)),
                "--tokenizer", tokenizer, "--port", "{port}", "--log-level", "warning"]
+        tree = plan.tree or str(ROOT)
+        env = {"PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
         cluster = LocalCluster(redis_url=base, llm_command=llm, tokenizer=tokenizer, concurrency=dict(plan.pools),
-                               gateway_workers=plan.gateway_workers, log_dir=log_dir / "service")
+                               gateway_workers=plan.gateway_workers, log_dir=log_dir / "service", env=env)
         processes.cluster = cluster
-        print(f"starting redis, the service and the raw chain's workers (logs in {log_dir})", file=sys.stderr,
-              flush=True)
-        cluster.start()
+        print(f"starting redis, the service of {tree} and the raw chain's workers (logs in {log_dir})",
+              file=sys.stderr, flush=True)
+        here = os.getcwd()
+        os.chdir(tree)  # `python -m` puts the working directory first on sys.path: the tree's own
+        try:
+            cluster.start()
+        finally:
+            os.chdir(here)
         from bench import raw_chain  # after RAW_CHAIN_* are in the environment
 
         wait_until(lambda: raw_chain.run_one("ping", timeout_s=2.0) == "ping", 90, "raw chain workers")
