@@ -16,7 +16,8 @@ seg      ``turn``, ``drift``: a new segment started (the per-job endpoint's hist
 
 A model turn is written as soon as the backend returned it (so a crash during its tools never
 costs its tokens again); actions and observations are written before the next turn is asked
-for, and at the end of RUN (``flush``). Appends of many jobs of one RUN loop share a pipeline.
+for, and at the end of RUN (``flush``); the conversation's ``start`` goes with its first turn
+(``flush_before_turn``). Appends of many jobs of one RUN loop share a pipeline.
 
 Replaying: a journal built with ``replay=`` events consumes them first. Each step the handler
 takes is checked against the next journaled event, and a model turn is taken from the journal
@@ -103,6 +104,8 @@ class TurnJournal:
     #: an agent program's endpoint call that failed)
     diverged: Difference | None = None
     _pending: list[str] = field(default_factory=list)
+    #: how many of the pending events are a conversation's ``start`` (see ``flush_before_turn``)
+    _pending_starts: int = 0
 
     # -- state ------------------------------------------------------------------------------
 
@@ -122,7 +125,9 @@ class TurnJournal:
         expected = self._expect("start")
         if expected is not None and (expected["n"], expected["crc"]) != (event["n"], event["crc"]):
             self._differ("prompt", {"n": expected["n"]}, {"n": event["n"]})
+        pending = len(self._pending)
         self._record(event, expected)
+        self._pending_starts += len(self._pending) - pending
 
     def next_generation(self) -> dict[str, Any] | None:
         """The journaled model turn to use instead of asking the backend, or None (live)."""
@@ -181,8 +186,19 @@ class TurnJournal:
 
     # -- writing ------------------------------------------------------------------------------
 
+    async def flush_before_turn(self) -> None:
+        """``flush`` before a model turn is asked for: the last turn's actions and observations
+        are journaled first, so a resume checks them. Pending ``start`` events alone wait for the
+        turn's own append instead: they hold no token and no tool's answer, and a journal that
+        lacks them resumes as one holding only them would (from turn zero). So a rollout's first
+        turn costs one append round trip, not two; a later attempt that took the journal over
+        meanwhile is found by that append, after the turn, as it is for every later turn."""
+        if len(self._pending) > self._pending_starts:
+            await self.flush()
+
     async def flush(self) -> None:
         """Write what is pending, in one append (a no-op when nothing is)."""
+        self._pending_starts = 0
         if not self._pending or self.write is None or self.stopped:
             self._pending.clear()
             return

@@ -158,7 +158,7 @@ class TokenSession:
         context = sample.prompt_ids + sample.response_ids
         replayed = None
         if self.journal is not None:
-            await self.journal.flush()  # the last turn's actions and observations, before this one
+            await self.journal.flush_before_turn()  # the last turn's actions and observations, first
             replayed = self.journal.next_generation()
         if replayed is not None:  # journaled: never generated twice
             completion = Completion(list(replayed["ids"]), list(replayed["lp"]), replayed["fin"])

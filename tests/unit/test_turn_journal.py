@@ -73,3 +73,24 @@ def test_a_fenced_append_stops_the_stage() -> None:
     journal.on_generation({}, [1], [0.0], "stop")
     with pytest.raises(JournalFenced):
         asyncio.run(journal.flush())
+
+
+def test_a_conversation_s_start_goes_with_its_first_turn() -> None:
+    """One append for a one-turn rollout: the start waits for the first model turn, while a
+    turn's actions and observations are written before the next turn is asked for."""
+    written: list[Append] = []
+
+    async def write(append: Append) -> Appended:
+        written.append(append)
+        return Appended(True, append.index + len(append.events))
+    journal = TurnJournal("j", 1, write)
+    journal.on_start([1, 2, 3])
+    asyncio.run(journal.flush_before_turn())
+    assert written == []  # the start alone: no round trip before the turn
+    journal.on_generation({"context_len": 3}, [7, 8], [-0.5, -0.25], "stop")
+    asyncio.run(journal.flush())
+    assert [[decode_event(e)["k"] for e in a.events] for a in written] == [["start", "gen"]]
+    journal.on_action("python", {"code": "print(1)"})
+    journal.on_observation([{"role": "tool", "content": "1"}], [9])
+    asyncio.run(journal.flush_before_turn())  # the tool's answer is journaled before turn 2
+    assert [decode_event(e)["k"] for e in written[-1].events] == ["act", "obs"] and written[-1].index == 2
