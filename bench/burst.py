@@ -11,6 +11,8 @@ the delay. For each burst size, side by side on the same cluster and the same LL
 - **batched**: ``POST /jobs`` in batches (the client's ``submit_many``), then every result
   streamed back by one ``POST /jobs/wait`` (NDJSON, a line per job as it ends; what the
   client's ``wait_all`` and ``as_completed`` do);
+- **single**: one ``POST /jobs`` per job, all at once (how v1 trainers and the verl agent loop
+  submit, and issue 29's measure), then the same ``POST /jobs/wait`` stream;
 - **batched-perjob**: the same submission, then one ``GET /jobs/<id>?wait=`` per job, all at
   once (how the client waited before ``POST /jobs/wait``): not run unless named in
   ``--styles``, e.g. ``--styles floor,batched-perjob,batched`` to compare the two waits;
@@ -62,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "burst.json"
 TARGET_RATIO = 1.25
 TARGET_SIZE = 1000
-STYLES = ("floor", "batched", "batched-perjob", "process")
+STYLES = ("floor", "batched", "single", "batched-perjob", "process")
 #: ids per POST /jobs/wait (the gateway's cap, api.schemas.MAX_WAIT_IDS)
 WAIT_CHUNK = 10_000
 SAMPLING = {"max_tokens": 64, "temperature": 0.0}
@@ -356,10 +358,11 @@ def job_ids(tag: str, size: int) -> list[str]:
 
 
 async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
-                  per_job: bool = False) -> tuple[float, list[dict]]:
-    """submit_many (POST /jobs in batches), then one POST /jobs/wait stream per WAIT_CHUNK ids
-    (``per_job``: every job's GET /jobs/<id>?wait=, all at once, instead; also on a baseline
-    tree from before POST /jobs/wait, whose batched style waited so)."""
+                  per_job: bool = False, single: bool = False) -> tuple[float, list[dict]]:
+    """submit_many (POST /jobs in batches; ``single``: one POST /jobs per job, all at once), then
+    one POST /jobs/wait stream per WAIT_CHUNK ids (``per_job``: every job's GET /jobs/<id>?wait=,
+    all at once, instead; also on a baseline tree from before POST /jobs/wait, whose batched
+    style waited so)."""
     from prorl_celery.trainer.client import AsyncRolloutClient, JobRequest
 
     ids = job_ids(tag, size)
@@ -378,7 +381,10 @@ async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
         requests = [JobRequest(instance(tag, i), SAMPLING, job_id, None, None) for i, job_id in enumerate(ids)]
         t0.append(time.time())
         started = time.perf_counter()
-        await client.submit_many(requests)
+        if single:
+            await asyncio.gather(*(submit_one(gateway, request.body()) for request in requests))
+        else:
+            await client.submit_many(requests)
         if per_job:
             results = list(await asyncio.gather(*(result(job_id) for job_id in ids)))
         else:
@@ -386,6 +392,12 @@ async def batched(cluster: LocalCluster, size: int, tag: str, t0: list[float],
                                             for i in range(0, len(ids), WAIT_CHUNK)))
             results = [r for chunk in chunks for r in chunk]
         return time.perf_counter() - started, results
+
+
+async def submit_one(gateway: LightHTTP, body: dict[str, Any]) -> None:
+    status, reply = await gateway.request("POST", "/jobs", body)
+    if status != 202:
+        raise RuntimeError(f"POST /jobs: {status} {reply}")
 
 
 async def streams_waits(gateway: LightHTTP) -> bool:
@@ -481,8 +493,9 @@ def measure(cluster: LocalCluster, plan: Plan, size: int, style: str, tag: str,
     with Sampler({"gateway": gateway, "run": run_worker}) as sampler:
         if style == "floor":
             makespan, results = run_async(floor(cluster, size, tag, prompt_ids, t0))
-        elif style in ("batched", "batched-perjob"):
-            makespan, results = run_async(batched(cluster, size, tag, t0, per_job=style == "batched-perjob"))
+        elif style in ("batched", "batched-perjob", "single"):
+            makespan, results = run_async(batched(cluster, size, tag, t0, per_job=style == "batched-perjob",
+                                                  single=style == "single"))
         else:
             makespan, results = run_async(process(cluster, size, tag, t0))
     own_cpu = time.process_time() - own_before
