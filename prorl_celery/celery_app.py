@@ -17,7 +17,7 @@ from prorl_celery.core.settings import Settings, get_settings
 from prorl_celery.core.status import Stage
 from prorl_celery.state.connection import broker_ssl_options
 from prorl_celery.state.store import SENT_HEADER, UNCLAIMED_STAGES
-from prorl_celery.worker._celery import call_after_each_task, reserved_requests
+from prorl_celery.worker._celery import call_after_each_task, reserved_requests, reserved_snapshot
 from prorl_celery.worker._kombu import RedisTransport, fetch_gate, set_fetch_gate, transport_for
 
 STAGE_QUEUES = tuple(stage.value for stage in Stage)
@@ -60,7 +60,7 @@ class RunSlotGate(bootsteps.StartStopStep):
         # reserved: fetched and not yet admitted (or an INIT/EVAL task of a mixed worker),
         # counted in jobs: a chunk of four waiting for its slots leaves no room for another
         fetch_allowed = fetch_gate(qos)
-        set_fetch_gate(qos, lambda: loop.free() > _jobs_in(reserved_requests()) and fetch_allowed())
+        set_fetch_gate(qos, lambda: loop.free() > _jobs_in(reserved_snapshot()) and fetch_allowed())
         hub = parent.hub
         if hub is not None:  # without a hub (synloop: green pools) the consumer polls every 2 s as before
             loop.on_release(partial(hub.call_soon, _next_turn))

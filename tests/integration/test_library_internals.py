@@ -40,6 +40,7 @@ def test_celery_still_has_what_the_patches_use():
     from celery.worker import state
 
     assert hasattr(state.reserved_requests, "__len__") and hasattr(state.reserved_requests, "__iter__")
+    assert isinstance(state.reserved_requests.data, set)  # reserved_snapshot copies it in one step
     app = Celery("probe", set_as_current=False)
     assert hasattr(app, "thread_oid") and hasattr(app, "backend")
     _celery.share_backend(app)
