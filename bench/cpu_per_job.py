@@ -17,7 +17,7 @@ from ``INFO cpu``, this process's (the client) from ``os.times()``, each over it
 rounds only. ``--profile DIR`` records every service process with py-spy during the service
 rounds (collapsed stacks, one file per process; ``py-spy`` must be on the PATH).
 
-    python -m bench.cpu_per_job                       # 4 rounds of 500 jobs per side, ~2 min
+    python -m bench.cpu_per_job                       # 4 rounds of 500 jobs per side, about a minute
     python -m bench.cpu_per_job --quick               # 2 rounds of 200
     python -m bench.cpu_per_job --profile /tmp/prof   # plus py-spy of every service process
 
