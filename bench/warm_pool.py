@@ -128,6 +128,12 @@ def measure_init(jobs: int, log_dir: Path, tokenizer: str) -> dict[str, Any]:
                 if i:
                     for key, value in measured.items():
                         samples[side][key].append(value)
+        # /status reads the pool's counts from the INIT worker's heartbeat: wait for the beat
+        # that counts the last job (up to two heartbeats), or a missed take would go unseen
+        deadline = time.monotonic() + 12
+        while sum(warm_pool(clients["hit"])[k] for k in ("hits", "misses")) < jobs + 1 \
+                and time.monotonic() < deadline:
+            time.sleep(0.25)
         pools = {side: warm_pool(client) for side, client in clients.items()}
         workers = clients["hit"].get("/status").json()["workers"]
         pool_worker = next(w["warm_pool"] for w in workers if w.get("warm_pool"))
