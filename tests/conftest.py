@@ -10,7 +10,7 @@ import redis
 
 from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster
-from tests.support.services import ROOT, Gateway, LLMServer, rules_file, start_llm_server, start_redis
+from tests.support.services import ROOT, Gateway, LLMServer, rules_file, settle, start_llm_server, start_redis
 
 pytest_plugins = ["tests.conftest_llm"] if (Path(__file__).parent / "conftest_llm.py").exists() else []
 
@@ -95,10 +95,12 @@ def cluster(redis_url, qwen3_tokenizer, tokenizers_dir, tmp_path_factory) -> Loc
 
 @pytest.fixture
 def gateway(cluster: LocalCluster) -> Gateway:
-    """A clean service for each test: state flushed (the broker DB is kept), started, no backends."""
+    """A clean service for each test: state flushed (the broker DB is kept), started, no backends;
+    afterwards its jobs cancelled and their sandboxes stopped (``settle``)."""
     redis.Redis.from_url(cluster.state_url).flushdb()
     with Gateway(cluster) as client:
         yield client
+        settle(cluster, lambda path: client.post(path).status_code)
 
 
 @pytest.fixture
@@ -129,6 +131,7 @@ def app_gateway(cluster: LocalCluster, gateway_app):
     client = gateway_app.test_client()
     client.cluster = cluster
     yield client
+    settle(cluster, lambda path: client.post(path).status_code)
 
 
 # The split is by folder: tests/integration/ starts processes (redis-server, workers, gunicorn,

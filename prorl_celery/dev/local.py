@@ -288,6 +288,11 @@ class LocalCluster:
         token = env.get("PRORL_ADMIN_TOKEN") or env.get("PRORL_API_TOKEN")
         return {"Authorization": f"Bearer {token}"} if token else {}
 
+    @property
+    def node(self) -> str:
+        """The node name its workers run as (``PRORL_NODE``, else the host's name)."""
+        return self.service_env().get("PRORL_NODE") or socket.gethostname()
+
     def service_env(self) -> dict[str, str]:
         env = {**os.environ, "PRORL_REDIS_URL": self.state_url, "PRORL_BROKER_URL": self.broker_url,
                **self.env}
@@ -339,7 +344,7 @@ class LocalCluster:
         defaults = Settings.model_fields
         try:
             sandboxes = JobSandboxes(redis.Redis.from_url(self.state_url, decode_responses=True),
-                                     node=env.get("PRORL_NODE") or socket.gethostname(), runtime="auto",
+                                     node=self.node, runtime="auto",
                                      root=env.get("PRORL_SANDBOX_DIR") or defaults["sandbox_dir"].default)
             sandboxes.close_abandoned(self._worker_pids)
         except Exception as error:  # noqa: BLE001 - stopping anyway (Redis gone, say)

@@ -52,7 +52,6 @@ def fault_cluster(qwen3_tokenizer, tmp_path_factory) -> LocalCluster:
                          env=service_env(node, sandbox_dir),
                          concurrency={Stage.INIT: 8, Stage.RUN: RUN_CONCURRENCY, Stage.EVAL: 4},
                          log_dir=tmp_path_factory.mktemp("faults-cluster"))
-    local.node = node
     with local:
         yield local
         # the module's /stop and /cancel hit starts in flight: not one of their processes may
@@ -304,7 +303,6 @@ def test_redis_restart_with_aof_keeps_results_and_ends_in_flight_jobs(qwen3_toke
                           env=service_env(node, tmp_path / "sbx", lease_s=lease_s),
                           concurrency={Stage.INIT: 4, Stage.RUN: 12, Stage.EVAL: 2},
                           log_dir=tmp_path / "cluster") as cluster, Gateway(cluster) as gateway:
-            cluster.node = node
             done = [gateway.process(fault_job(reward=0.25)) for _ in range(3)]
             done += [gateway.process({"data_source": "fault", "reward": 0.5}) for _ in range(3)]
             assert [r["status"] for r in done] == ["completed"] * 6

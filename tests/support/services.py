@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,6 +87,25 @@ class Gateway(httpx.Client):
     def wait_for_stage(self, job_id: str, status: str, timeout_s: float = 30) -> None:
         wait_until(lambda: self.get(f"/jobs/{job_id}").json().get("status") == status, timeout_s,
                    f"job {job_id} in {status}")
+
+
+def settle(cluster: LocalCluster, post: Callable[[str], int], timeout_s: float = 30) -> None:
+    """End a test's jobs before the next test flushes the state: ``POST /stop`` (it cancels every
+    job in flight), wait for the node's sandboxes to be stopped, then ``POST /start`` again (tests
+    that share the cluster without flushing it expect a started service). ``post(path)`` returns
+    the reply's status. A flush while a cancelled job's RUN still stops its sandbox would wipe the
+    ledger entry it stops it by, and leave the sandbox running."""
+    from prorl_celery.worker.node_sandboxes import RedisSandboxLedger
+    assert post("/stop") == 200, "POST /stop failed after the test"
+    ledger = RedisSandboxLedger(redis.Redis.from_url(cluster.state_url, decode_responses=True))
+    left = ledger.list(cluster.node)
+    deadline = time.monotonic() + timeout_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = ledger.list(cluster.node)
+    assert post("/start") == 200, "POST /start failed after the test"
+    assert not left, f"sandboxes still running {timeout_s:.0f} s after the test's jobs were cancelled: " + \
+        ", ".join(f"{r.sandbox_id} (job {r.job_id}, worker {r.worker})" for r in left)
 
 
 def rules_file(rules: list[dict]) -> Path:
