@@ -59,3 +59,60 @@ def test_redis_connection_calls_answer_as_the_listener_reads_them(redis_url):
     finally:
         pool.release(connection)
         pool.disconnect()
+
+
+def delivered_unacked(url: str, queue_name: str, count: int):
+    """A kombu Connection on our transport whose consumer holds ``count`` messages delivered with
+    acks and not acked, as a RUN worker holds the stages it fetched and has not yet claimed."""
+    from kombu import Connection, Exchange, Queue
+
+    connection = Connection(url, transport=_kombu.RedisTransport)
+    queue = Queue(queue_name, Exchange(queue_name), queue_name)
+    with connection.Producer() as producer:
+        for i in range(count):
+            producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue_name, declare=[queue])
+    held: list = []
+    consumer = connection.Consumer([queue], callbacks=[lambda body, message: held.append(message)], no_ack=False)
+    consumer.consume()
+    while len(held) < count:
+        connection.drain_events(timeout=5)
+    return connection, consumer.channel, held
+
+
+def test_a_channel_closed_after_its_connection_restores_its_unacked_messages(redis_url):
+    """Celery's consumer, on a lost broker connection, collects the kombu Connection (its transport
+    lets go of it) and the channel is closed after that: kombu's own client path then built a pool
+    from parameters that were gone and raised AttributeError ('NoneType' object has no attribute
+    'hostname'), which killed the RUN worker on a Redis restart (issue 40). The channel's client
+    must put the unacked messages back on their queue instead."""
+    import redis
+
+    state = redis.Redis.from_url(redis_url)
+    state.delete("internals-restore", "unacked", "unacked_index")
+    connection, channel, held = delivered_unacked(redis_url, "internals-restore", 3)
+    held[0].ack()
+    connection._do_close_transport()  # what Connection.collect() does after it closed what it could
+    channel.close()  # raised AttributeError before the fix
+    assert state.llen("internals-restore") == 2, "the two unacked messages were not put back on their queue"
+    assert state.hlen("unacked") == 0 and state.zcard("unacked_index") == 0
+
+
+def test_a_detached_channel_without_a_server_fails_as_a_connection_error(tmp_path):
+    """The same close while Redis is down: a connection error (kombu and Celery recover from it,
+    and the messages stay in the unacked hash for the visibility sweep), never AttributeError."""
+    import redis
+
+    from tests.support.aof_redis import AofRedis
+
+    server = AofRedis(tmp_path / "redis")
+    server.start()
+    try:
+        connection, channel, held = delivered_unacked(server.url, "internals-down", 2)
+        server.kill()
+        connection._do_close_transport()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            channel.close()
+        server.start()
+        assert redis.Redis.from_url(server.url).hlen("unacked") == 2, "an unacked message was lost while Redis was down"
+    finally:
+        server.stop()
