@@ -35,7 +35,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json = MsgspecJSONProvider(app)
-    services = Services(settings)
+    services = Services(settings, redis_retry_s=settings.gateway_redis_retry_s)
     services.celery  # noqa: B018 - built at start-up, not in the first submit
     extension.init_app(app, services)
     app.register_blueprint(routes.bp)

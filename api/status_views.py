@@ -16,7 +16,6 @@ from handlers import registered_tasks
 from prorl_celery.core.status import Stage
 from prorl_celery.services import Services
 from prorl_celery.state import keys
-from prorl_celery.state.connection import get_redis
 from prorl_celery.state.metrics import COUNTERS, STAGE_BUCKETS, bucket_label, read_metrics
 from prorl_celery.state.nodes import live_workers, node_states, warm_pools
 
@@ -26,7 +25,7 @@ from .openapi import openapi_document
 bp = Blueprint("status", __name__)
 def service_status(services: Services) -> dict[str, Any]:
     counts = services.store.status_counts()
-    broker = get_redis(services.settings.effective_broker_url)
+    broker = services.broker_redis
     depth = {stage: broker.llen(keys.broker_queue(stage.value)) for stage in Stage}
     workers = live_workers(services.redis, services.settings.heartbeat_s)
     started = services.store.service_started()

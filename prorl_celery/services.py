@@ -37,10 +37,22 @@ if TYPE_CHECKING:
 @dataclass
 class Services:
     settings: Settings
+    #: how long a Redis command retries a connection error (default: ``settings.redis_retry_s``,
+    #: the workers'; the gateway passes its shorter ``gateway_redis_retry_s``)
+    redis_retry_s: float | None = None
 
     @cached_property
     def redis(self) -> redis.Redis:
-        return get_redis(self.settings.redis_url)
+        return self.redis_for(self.settings.redis_url)
+
+    @cached_property
+    def broker_redis(self) -> redis.Redis:
+        """The broker's Redis, for reading queue depths and republishing lost messages."""
+        return self.redis_for(self.settings.effective_broker_url)
+
+    def redis_for(self, url: str) -> redis.Redis:
+        retry_s = self.settings.redis_retry_s if self.redis_retry_s is None else self.redis_retry_s
+        return get_redis(url, retry_s=retry_s)
 
     @cached_property
     def celery(self) -> Celery:

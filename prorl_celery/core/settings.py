@@ -23,6 +23,13 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all job state")
     broker_url: str | None = Field(None, description="Celery broker; defaults to redis_url")
     node: str = Field(default_factory=socket.gethostname, description="this node's name")
+    redis_retry_s: float = Field(
+        20.0, ge=0, description="a worker's Redis command that meets a connection error (Redis restarting, "
+        "loading its AOF, failing over) is retried with backoff for this long before the stage counts it "
+        "as a failure")
+    gateway_redis_retry_s: float = Field(
+        2.0, ge=0, description="the gateway's Redis retry (as redis_retry_s): a blink is ridden out, a "
+        "longer outage answers 503 service_unavailable, which clients retry")
 
     job_timeout_s: float = Field(1800.0, gt=0, description="default active-time budget of a job")
     max_job_timeout_s: float = Field(4 * 3600.0, gt=0, description="largest budget a job may ask for")

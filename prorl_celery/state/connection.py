@@ -1,4 +1,11 @@
-"""Redis clients, one pool per URL per process."""
+"""Redis clients, one pool per URL per process, each riding out a Redis outage.
+
+A command that meets a connection error (Redis restarting, still loading its AOF, a failover)
+is sent again with exponential backoff and jitter (redis-py's ``Retry``), for about
+``retry_s`` seconds in all, before the error reaches the caller: the workers' stages get
+``PRORL_REDIS_RETRY_S`` (a restart costs them no attempt), the gateway
+``PRORL_GATEWAY_REDIS_RETRY_S`` (short: past it a client gets a 503 it retries itself).
+"""
 from __future__ import annotations
 
 import ssl
@@ -7,8 +14,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
-_clients: dict[str, redis.Redis] = {}
+_clients: dict[tuple[str, float], redis.Redis] = {}
 _lock = threading.Lock()
 
 #: longest single blocking call we make (XREAD BLOCK); socket_timeout must exceed it
@@ -23,10 +32,31 @@ StreamEntry = tuple[str, dict[str, str]]
 ScoredMembers = list[tuple[str, float]]
 
 
-def get_redis(url: str) -> redis.Redis:
-    """A shared, thread-safe client for ``url`` (decoded strings, generous pool)."""
+#: the first retry's wait, and the longest wait between two tries
+RETRY_BASE_S, RETRY_CAP_S = 0.05, 1.0
+
+
+def retries_within(seconds: float, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> int:
+    """How many retries, waiting ``base_s * 2**i`` capped at ``cap_s`` between them, fill
+    ``seconds`` (0: none)."""
+    retries, waited = 0, 0.0
+    while waited < seconds:
+        waited += min(cap_s, base_s * 2 ** retries)
+        retries += 1
+    return retries
+
+
+def outage_retry(seconds: float) -> Retry:
+    """redis-py's retry of a command on a connection error, for about ``seconds`` in all."""
+    return Retry(ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S), retries_within(seconds),
+                 supported_errors=(redis.ConnectionError, redis.TimeoutError))
+
+
+def get_redis(url: str, retry_s: float = 0.0) -> redis.Redis:
+    """A shared, thread-safe client for ``url`` (decoded strings, generous pool) whose commands
+    retry a connection error for about ``retry_s`` seconds."""
     with _lock:
-        client = _clients.get(url)
+        client = _clients.get((url, retry_s))
         if client is None:
             pool = redis.BlockingConnectionPool.from_url(
                 url,
@@ -37,8 +67,9 @@ def get_redis(url: str) -> redis.Redis:
                 socket_connect_timeout=10,
                 health_check_interval=30,
                 retry_on_timeout=False,
+                retry=outage_retry(retry_s),
             )
-            client = _clients[url] = redis.Redis(connection_pool=pool)
+            client = _clients[(url, retry_s)] = redis.Redis(connection_pool=pool)
         return client
 
 

@@ -23,7 +23,6 @@ from prorl_celery.core.event_loops import configure_stage_loop, stage_loop
 from prorl_celery.core.status import Stage
 from prorl_celery.services import get_services
 from prorl_celery.state import keys
-from prorl_celery.state.connection import get_redis
 from prorl_celery.state.leases import Reaper, give_up
 from prorl_celery.state.nodes import STALE_BEATS, drain_asked, record_beat
 from prorl_celery.worker.draining import DrainSwitch, held_stages, software_versions
@@ -109,7 +108,7 @@ def start_heartbeat(sender, **_: object) -> None:
            on_reaped=lambda job_ids: services.metrics.count("lease_expiries", len(job_ids)),
            every_tick=_run_worker_tick if Stage.RUN.value in queues else _reap_sandboxes,
            heartbeat_s=services.settings.heartbeat_s,
-           broker=get_redis(services.settings.effective_broker_url), republish=_republish,
+           broker=services.broker_redis, republish=_republish,
            republish_after_s=services.settings.republish_after_s,
            on_republished=lambda job_ids: services.metrics.count("republished_messages", len(job_ids))).start()
 

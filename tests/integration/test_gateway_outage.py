@@ -96,9 +96,23 @@ def test_every_endpoint_answers_503_service_unavailable_while_redis_is_down(redi
             assert time.monotonic() - started < 10, (method, path, "answered, but slowly")
 
 
+def test_a_blink_shorter_than_the_gateways_retry_is_no_503(redis_down):
+    """Redis back 0.8 s after a request found it down: the gateway's own retry
+    (``PRORL_GATEWAY_REDIS_RETRY_S``, 2 s) rides it out and the request succeeds."""
+    cluster, server = redis_down
+    restarted = threading.Timer(0.8, server.start)
+    restarted.start()
+    try:
+        response = httpx.post(f"{cluster.gateway_url}/jobs", json={"instance": FAULT}, timeout=30)
+    finally:
+        restarted.join()
+    assert response.status_code == 202, response.text
+
+
 def test_the_client_retries_and_succeeds_when_redis_is_back_within_its_deadline(redis_down):
     cluster, server = redis_down
-    restarted = threading.Timer(2.0, server.start)
+    # past the gateway's own 2 s of retries, so that the client has to retry
+    restarted = threading.Timer(5.0, server.start)
     restarted.start()
     try:
         with RolloutClient(cluster.gateway_url, retry=RetryPolicy(deadline_s=30)) as client:

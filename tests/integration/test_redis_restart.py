@@ -1,0 +1,196 @@
+"""Redis restarted under load, with the service launched exactly as docs/running.md writes it
+(issue 40): ``gunicorn 'api:create_app()'`` from the repository root and
+``celery -A prorl_celery worker -Q init|run|eval -c 16|64|8 -n <stage>@%h``, no setting beyond
+the URLs, the tokenizer and this module's own node name and sandbox directory.
+
+Thirty math jobs with the python tool are in flight (each of their two turns waits on the scripted
+server, their tool call sleeps in the sandbox's kernel) when Redis goes away, in three ways:
+
+- stopped cleanly (SIGTERM) and started again 2.3 s later on its append-only file;
+- killed (SIGKILL) and started again 10 s later on its append-only file;
+- killed and started again with nothing on disk: a state reset.
+
+After the first two every job ends ``ok`` at its first attempt (the workers' Redis retry,
+``PRORL_REDIS_RETRY_S``, rides out the outage), and a job submitted after the restart completes.
+After a state reset the jobs accepted before it are gone (the gateway answers 404 for them: what
+``--redis-persistence none`` says it loses), and every process still serves new jobs. In all
+three no process dies: the RUN worker once did, on kombu's restore of its unacked messages.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
+from tests.support.services import ROOT, eventually, rules_file, start_llm_server
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
+    pytest.mark.integration,
+    # about three minutes: CI runs it after the default run (scripts/test.sh)
+    pytest.mark.extended,
+]
+
+JOBS = 30
+#: the stock worker commands of docs/running.md
+WORKERS = {"init": ["-c", "16"], "run": ["-c", "64"], "eval": ["-c", "8"]}
+RULES = [{"match": "PYTOOL", "scope": "prompt", "delay_s": 1.0, "replies": [
+    "Let me compute it.\n<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": "
+    "\"import time; time.sleep(1)\\nprint(6 * 7)\"}}\n</tool_call>",
+    "The code printed 42, so the answer is \\boxed{42}."]}]
+
+
+class RedisOnPort:
+    """One redis-server port that a test stops and starts again, with its AOF or without."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.port = directory, free_port()
+        self.process: ManagedProcess | None = None
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self, persist: bool = True) -> None:
+        data = self.directory / ("aof" if persist else f"empty-{time.monotonic_ns()}")
+        data.mkdir(parents=True, exist_ok=True)
+        persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if persist else ["--appendonly", "no"]
+        log = self.directory / "redis.log"
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+                                      str(data), "--save", "", "--maxclients", "10000", *persistence],
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = ManagedProcess("redis", popen, log)
+        wait_until(lambda: redis.Redis(port=self.port).ping(), 20, "redis-server", self.process)
+
+    def stop(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        os.kill(self.process.popen.pid, sig)
+        self.process.popen.wait(20)
+        self.process = None
+
+
+@dataclass
+class Stock:
+    redis: RedisOnPort
+    gateway_url: str
+    processes: dict[str, ManagedProcess]
+    backend: str
+
+    def dead(self) -> list[str]:
+        return [f"{name} (exit {p.popen.poll()}): {p.tail(15)}" for name, p in self.processes.items()
+                if p.popen.poll() is not None]
+
+
+def spawn(name: str, command: list[str], env: dict[str, str], log_dir: Path) -> ManagedProcess:
+    log = log_dir / f"{name}.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    return ManagedProcess(name, popen, log)
+
+
+@pytest.fixture(scope="module")
+def stock(qwen3_tokenizer, tmp_path_factory) -> Iterator[Stock]:
+    root = tmp_path_factory.mktemp("redis-restart")
+    server = RedisOnPort(root / "redis")
+    server.start()
+    llm = start_llm_server(qwen3_tokenizer, root, "restart-llm", rules=rules_file(RULES))
+    port = free_port()
+    env = {**os.environ, "PRORL_REDIS_URL": server.url(1), "PRORL_BROKER_URL": server.url(0),
+           "PRORL_TOKENIZER": qwen3_tokenizer, "PRORL_NODE": f"restart-{os.getpid()}",
+           "PRORL_SANDBOX_DIR": str(root / "sbx")}
+    bin_dir = Path(sys.executable).parent
+    processes = {"gateway": spawn("gateway", [str(bin_dir / "gunicorn"), "--bind", f"127.0.0.1:{port}",
+                                              "api:create_app()"], env, root)}
+    for stage, args in WORKERS.items():
+        processes[stage] = spawn(stage, [str(bin_dir / "celery"), "-A", "prorl_celery", "worker", "-Q", stage, *args,
+                                         "-n", f"{stage}@%h"], env, root)
+    found = Stock(server, f"http://127.0.0.1:{port}", processes, llm.address())
+    try:
+        wait_until(lambda: httpx.get(found.gateway_url + "/healthz").status_code == 200, 60, "gateway",
+                   processes["gateway"])
+        eventually(lambda: len(httpx.get(found.gateway_url + "/status").json()["workers"]) == 3, 60,
+                   "the three workers' heartbeats")
+        reply = httpx.post(found.gateway_url + "/add_llm_server", json={"address": found.backend})
+        assert reply.status_code == 200, reply.text
+        yield found
+    finally:
+        for process in processes.values():
+            process.stop()
+        llm.process.stop()
+        if server.process is not None:
+            server.process.stop()
+
+
+def submit(stock: Stock, job_id: str) -> None:
+    reply = httpx.post(stock.gateway_url + "/jobs", timeout=30, json={
+        "job_id": job_id, "sampling_params": {"max_tokens": 64},
+        "instance": {"data_source": "math", "problem": f"PYTOOL {job_id}: what is 6 * 7?", "answer": "42",
+                     "tools": ["python"], "max_iterations": 3}})
+    assert reply.status_code == 202, reply.text
+
+
+def result(stock: Stock, job_id: str, wait_s: float = 120) -> httpx.Response:
+    return httpx.get(f"{stock.gateway_url}/jobs/{job_id}", params={"wait": wait_s}, timeout=wait_s + 30)
+
+
+def in_flight(stock: Stock, case: str) -> list[str]:
+    job_ids = [f"{case}-{i}" for i in range(JOBS)]
+    for job_id in job_ids:
+        submit(stock, job_id)
+    # most jobs past INIT, their turns and tool calls under way
+    eventually(lambda: httpx.get(stock.gateway_url + "/status").json()["jobs"]["run"] >= JOBS // 2, 60,
+               "jobs in RUN")
+    return job_ids
+
+
+def restarted(stock: Stock, sig: signal.Signals, down_s: float, persist: bool) -> None:
+    stock.redis.stop(sig)
+    time.sleep(down_s)
+    stock.redis.start(persist=persist)
+
+
+def every_job_ok_at_its_first_attempt(stock: Stock, job_ids: list[str]) -> None:
+    wrong = {}
+    for job_id in job_ids:
+        reply = result(stock, job_id)
+        body = reply.json()
+        if reply.status_code != 200 or (body.get("outcome"), body.get("attempt")) != ("ok", 1):
+            wrong[job_id] = (reply.status_code, body.get("status"), body.get("outcome"), body.get("attempt"),
+                             body.get("error"))
+    assert not wrong, f"{len(wrong)} of {len(job_ids)} jobs did not end ok at attempt 1: {wrong}"
+
+
+@pytest.mark.parametrize(("case", "sig", "down_s"), [("aof-term", signal.SIGTERM, 2.3),
+                                                     ("outage-10s", signal.SIGKILL, 10.0)])
+def test_a_restart_on_the_aof_loses_nothing_and_fails_no_stage(stock, case, sig, down_s):
+    job_ids = in_flight(stock, case)
+    restarted(stock, sig, down_s, persist=True)
+    submit(stock, f"{case}-after")
+    every_job_ok_at_its_first_attempt(stock, [*job_ids, f"{case}-after"])
+    assert not stock.dead(), stock.dead()
+
+
+def test_a_state_reset_loses_the_jobs_it_held_and_kills_no_process(stock):
+    job_ids = in_flight(stock, "reset")
+    restarted(stock, signal.SIGKILL, 1.0, persist=False)
+    # the workers' stages in flight find their jobs gone and drop them; nothing is left running
+    eventually(lambda: all(result(stock, job_id, wait_s=0).status_code == 404 for job_id in job_ids), 60,
+               "every job of the reset Redis unknown")
+    reply = httpx.post(stock.gateway_url + "/add_llm_server", json={"address": stock.backend})
+    assert reply.status_code == 200, reply.text
+    submit(stock, "reset-after")
+    every_job_ok_at_its_first_attempt(stock, ["reset-after"])
+    assert not stock.dead(), stock.dead()
+
