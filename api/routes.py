@@ -214,9 +214,13 @@ def add_llm_server():
     added, generation = pool.add(address, body.type, body.version,
                                  health=probe(address, body.type, services.settings.backend_probe_timeout_s))
     health = pool.health(address)
-    return jsonify({"address": address, "type": body.type, "added": added, "generation": generation,
-                    "version": pool.version(address), "healthy": health.healthy, "since": health.since,
-                    "detail": health.detail})
+    reply = {"address": address, "type": body.type, "added": added, "generation": generation,
+             "version": pool.version(address), "healthy": health.healthy, "since": health.since,
+             "detail": health.detail}
+    if not health.healthy:
+        reply["warning"] = (f"{address} did not answer ({health.detail}); it is registered but gets no job "
+                            f"until a probe finds it answering")
+    return jsonify(reply)
 
 
 @bp.post("/llm_servers/version")

@@ -194,6 +194,20 @@ class BackendPool:
         recorded = {address: self.set_health(address, health) for address, health in zip(mine, found)}
         return {address: health for address, health in recorded.items() if health is not None}
 
+    def probe_all(self, *, timeout_s: float) -> dict[str, Health]:
+        """Probe every registered backend at once and record what each probe found: a RUN worker
+        does this as it starts, so that a backend registered before a restart and gone since
+        (its health in Redis still says healthy) leaves routing before any job is assigned it."""
+        registered = cast(list[str], self.redis.zrange(keys.LLM_BACKENDS, 0, -1))
+        if not registered:
+            return {}
+        types = cast(dict[str, str], self.redis.hgetall(keys.LLM_TYPES))
+        workers = min(PROBE_THREADS, len(registered))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prorl-probe") as probes:
+            found = list(probes.map(lambda a: probe(a, types.get(a, "vllm"), timeout_s), registered))
+        recorded = {address: self.set_health(address, health) for address, health in zip(registered, found)}
+        return {address: health for address, health in recorded.items() if health is not None}
+
     def set_version(self, version: int, address: str | None = None) -> dict[str, int]:
         """Set the policy version of ``address``, or of every registered backend; returns the
         backends set. An address that is not registered is a KeyError."""

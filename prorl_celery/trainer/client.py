@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import threading
 import time
@@ -66,6 +67,7 @@ from prorl_celery.core.outcomes import Outcome, of_status
 from prorl_celery.core.status import TERMINAL, JobStatus
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 #: most ids one ``POST /jobs/wait`` takes (the gateway's ``api.schemas.MAX_WAIT_IDS``)
 WAIT_MANY_MAX = 10_000
 #: longest single ``POST /jobs/wait``; a wait without a limit reconnects after it with the ids left
@@ -565,8 +567,12 @@ class AsyncRolloutClient:
     # -- backends and status -----------------------------------------------------------------------
 
     async def add_llm_server(self, address: str, type: str = "vllm") -> dict[str, Any]:
-        """Register a backend (idempotent); returns ``{"address", "type", "added", "generation"}``."""
-        return (await self.request("POST", "/add_llm_server", json={"address": address, "type": type})).json()
+        """Register a backend (idempotent); returns ``{"address", "type", "added", "generation",
+        "healthy", ...}``, with ``warning`` (also logged) when it did not answer its probe."""
+        reply = (await self.request("POST", "/add_llm_server", json={"address": address, "type": type})).json()
+        if reply.get("warning"):
+            log.warning("%s", reply["warning"])
+        return reply
 
     async def remove_llm_server(self, address: str) -> bool:
         """Stop routing new jobs to one backend (``POST /clear_llm_server {"address"}``; jobs in

@@ -29,6 +29,7 @@ from prorl_celery.worker.draining import DrainSwitch, held_stages, software_vers
 from prorl_celery.worker.readiness import refused_tasks
 
 if TYPE_CHECKING:
+    from prorl_celery.services import Services
     from prorl_celery.worker.warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ def start_heartbeat(sender, **_: object) -> None:
     services = get_services()
     if Stage.INIT.value in queues and services.settings.warm_pool_size > 0:
         _start_warm_pool()
+    if Stage.RUN.value in queues:
+        _probe_backends(services)
     switch = DrainSwitch(consumer, queues)
     thread = threading.Thread(target=_beat, args=(worker_name, queues, concurrency, switch),
                               name="prorl-heartbeat", daemon=True)
@@ -111,6 +114,20 @@ def start_heartbeat(sender, **_: object) -> None:
            broker=services.broker_redis, republish=_republish,
            republish_after_s=services.settings.republish_after_s,
            on_republished=lambda job_ids: services.metrics.count("republished_messages", len(job_ids))).start()
+
+
+def _probe_backends(services: Services) -> None:
+    """Every registered backend, probed before this RUN worker takes a job: after a restart the
+    pool in Redis may list a server that is gone as healthy."""
+    try:
+        down = {address: health.detail for address, health in
+                services.pool.probe_all(timeout_s=services.settings.backend_probe_timeout_s).items()
+                if not health.healthy}
+    except Exception as error:  # noqa: BLE001 - the reaper's re-probe and RUN's own marking remain
+        log.warning("cannot probe the registered LLM backends: %s", error)
+        return
+    for address, detail in down.items():
+        log.warning("LLM backend %s does not answer; out of routing until it does (%s)", address, detail)
 
 
 @worker_shutting_down.connect

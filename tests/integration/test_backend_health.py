@@ -132,6 +132,18 @@ def test_a_reprobe_puts_a_backend_back_once_it_answers_at_most_once_per_interval
     assert pool.reprobe("worker-b", timeout_s=1, interval_s=30) == {}  # healthy ones are not probed
 
 
+def test_probe_all_takes_a_backend_gone_since_its_registration_out_of_routing(pool, http_server):
+    """After a restart the pool in Redis still lists a server that is gone as healthy: a RUN
+    worker's start-up probe of every backend puts it out of routing before a job is assigned."""
+    gone, live = dead_address(), http_server.base + "/v1"
+    pool.add(gone)  # healthy when it was registered
+    pool.add(live)
+    found = pool.probe_all(timeout_s=1)
+    assert (found[gone].healthy, found[live].healthy) == (False, True)
+    assert not pool.health(gone).healthy and "ConnectionRefusedError" in pool.health(gone).detail
+    assert {pool.acquire(f"job-{i}").address for i in range(4)} == {live}
+
+
 # -- removal -----------------------------------------------------------------------------------
 
 def test_remove_one_backend_by_either_form_of_its_address(pool):
@@ -162,6 +174,7 @@ def test_an_unreachable_backend_is_added_unhealthy_and_shown_so(gateway, llm_ser
     assert added.status_code == 200, added.text
     assert (added.json()["added"], added.json()["healthy"]) == (True, False)
     assert "ConnectionRefusedError" in added.json()["detail"] and added.json()["since"] > 0
+    assert added.json()["warning"].startswith(f"{dead} did not answer") and "gets no job" in added.json()["warning"]
     live = gateway.post("/add_llm_server", json={"address": llm_servers[0].address()}).json()
     assert live["healthy"] and "answered 200" in live["detail"]
     status = {b["address"]: b for b in gateway.get("/status").json()["backends"]}
