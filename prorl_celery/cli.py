@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -165,15 +164,18 @@ def _cluster_options(f):
 
 
 def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32,
-             redis_dir: Path | None = None, gateway: tuple[str, int] = (DEFAULT_HOST, 0)):
+             redis_dir: Path | None = None, gateway: tuple[str, int] = (DEFAULT_HOST, 0),
+             record_dir: Path | None = None):
     from prorl_celery.dev.local import LocalCluster
     command, tokenizer = _llm_command(llm, tokenizer, jobs)
+    # every child started from this (main) thread, so each can die with this process
     return LocalCluster(redis_url=redis_url, redis_dir=redis_dir, llm_command=command, tokenizer=tokenizer,
                         concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers},
-                        gateway_host=gateway[0], gateway_port=gateway[1])
+                        gateway_host=gateway[0], gateway_port=gateway[1], die_with_parent=True,
+                        record_dir=record_dir)
 
 
-def _check_redis(ctx: click.Context, url: str | None) -> None:
+def _check_redis(ctx: click.Context, url: str | None, option: str | None = None) -> None:
     """Fail within seconds when the Redis of ``--redis-url`` does not answer, or when there is
     none and no redis-server to start."""
     if url is None:
@@ -184,7 +186,7 @@ def _check_redis(ctx: click.Context, url: str | None) -> None:
         return
     import redis
     source = ctx.get_parameter_source("redis_url")
-    option = "PRORL_REDIS_URL" if source == click.core.ParameterSource.ENVIRONMENT else "--redis-url"
+    option = option or ("PRORL_REDIS_URL" if source == click.core.ParameterSource.ENVIRONMENT else "--redis-url")
     try:
         with redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3) as client:
             client.ping()
@@ -286,26 +288,70 @@ def _redis_dir(redis_url: str | None, persistence: str, directory: Path | None) 
                    f"or PRORL_GATEWAY_BIND's host]")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help=f"the gateway's port; 0: any free one [default: {DEFAULT_PORT}, or PRORL_GATEWAY_BIND's port]")
+@click.option("--detach", is_flag=True,
+              help="start in the background and return once it is up; prorl shutdown stops it")
 @click.pass_context
 def up(ctx: click.Context, host: str | None, port: int | None, redis_persistence: str, redis_dir: Path | None,
-       **options) -> None:
-    """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C."""
+       detach: bool, **options) -> None:
+    """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C (or SIGTERM,
+    or SIGHUP: closing the terminal), which stops every process it started."""
+    import time
+
+    from prorl_celery.dev.local import default_redis_dir
+    from prorl_celery.dev.supervision import Interrupted, StopSignals
     gateway = _gateway_bind(host, port)
     _check_port(*gateway)
     _check_redis(ctx, options["redis_url"])
-    stop = threading.Event()
-    # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     data_dir = _redis_dir(options["redis_url"], redis_persistence, redis_dir)
-    with _cluster(**options, redis_dir=data_dir, gateway=gateway) as cluster:
-        kept = f"AOF in {data_dir}" if data_dir else "no persistence" if not options["redis_url"] else "yours"
-        click.echo(f"gateway  {cluster.gateway_url}\nredis    {_redacted(cluster.state_url)} ({kept})\n"
-                   f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\n\n"
-                   f"{_next_steps(cluster.gateway_url, cluster.llm_url)}\n\nCtrl-C stops everything.")
-        while not stop.wait(1.0):
-            pass
+    record_dir = data_dir or redis_dir or default_redis_dir()
+    if detach:
+        _detach(record_dir)
+        return
+    signals = StopSignals()
+    try:
+        with _cluster(**options, redis_dir=data_dir, gateway=gateway, record_dir=record_dir) as cluster:
+            signals.started = True
+            kept = f"AOF in {data_dir}" if data_dir else "no persistence" if not options["redis_url"] else "yours"
+            click.echo(f"gateway  {cluster.gateway_url}\nredis    {_redacted(cluster.state_url)} ({kept})\n"
+                       f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\n\n"
+                       f"{_next_steps(cluster.gateway_url, cluster.llm_url)}\n\nCtrl-C stops everything.")
+            while not signals.stopped:
+                time.sleep(0.2)
+    except Interrupted as interrupted:
+        click.echo(f"stopped during start-up ({interrupted})", err=True)
+        sys.exit(128 + interrupted.signum)
     click.echo("stopped")
+
+
+def _detach(record_dir: Path) -> None:
+    """``prorl up`` again without ``--detach``, in a session of its own with its output in
+    ``record_dir``/prorl-up.log; returns once its cluster record names it (it is up)."""
+    import time
+
+    from prorl_celery.dev.supervision import ClusterRecord
+    record_dir.mkdir(parents=True, exist_ok=True)
+    log_path = record_dir / "prorl-up.log"
+    args = [arg for arg in sys.argv[1:] if arg != "--detach"]
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen([sys.executable, "-c", "from prorl_celery.cli import main; main()", *args],
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    while child.poll() is None:
+        record = ClusterRecord.read(record_dir)
+        if record is not None and record.pid == child.pid:
+            click.echo(f"gateway  {record.gateway}\npid      {child.pid}\nlog      {log_path}\n\n"
+                       f"prorl shutdown{'' if record_dir == _default_record_dir() else f' --redis-dir {record_dir}'}"
+                       f" stops it.")
+            return
+        time.sleep(0.2)
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    raise Failure(f"prorl up --detach: the cluster exited with {child.returncode} while starting "
+                  f"({lines[-1] if lines else 'no output'}); its log: {log_path}")
+
+
+def _default_record_dir() -> Path:
+    from prorl_celery.dev.local import default_redis_dir
+    return default_redis_dir()
 
 
 @main.command()
@@ -483,11 +529,32 @@ def _short(value: Any, limit: int = 80) -> str:
 @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
               help="then wait up to this many seconds until no worker sends heartbeats any more and no "
                    "node's ledger lists a sandbox")
-def shutdown(cancel_jobs: bool, wait_s: float) -> None:
-    """The service's end, from where Redis is reachable (PRORL_REDIS_URL): deploy/slurm/head.sh
+@click.option("--redis-dir", envvar="PRORL_REDIS_DIR", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="the data directory of a `prorl up --detach` to stop "
+                                 "[default: $XDG_STATE_HOME/prorl/redis, else ~/.local/state/prorl/redis]")
+@click.pass_context
+def shutdown(ctx: click.Context, cancel_jobs: bool, wait_s: float, redis_dir: Path | None) -> None:
+    """Stop the cluster a `prorl up --detach` runs (found by its record in the data directory);
+    else the service's end, from where Redis is reachable (PRORL_REDIS_URL): deploy/slurm/head.sh
     runs it when the allocation ends, before it stops Redis, so that the workers' last writes
     (stages handed back, cancels) land. The gateway may be gone already: this talks to Redis."""
     import time
+
+    from prorl_celery.core.settings import get_settings
+    from prorl_celery.dev.local import default_redis_dir
+    from prorl_celery.dev.supervision import ClusterRecord, alive
+    record = ClusterRecord.read(redis_dir or default_redis_dir())
+    if record is not None and alive(record.pid) and not cancel_jobs:
+        os.kill(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + max(wait_s, 30.0)
+        while alive(record.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(record.pid):
+            raise Failure(f"prorl up (pid {record.pid}) is still stopping after {max(wait_s, 30.0):.0f} s: "
+                          f"see its log in {record.log_dir}, or kill {record.pid}")
+        click.echo(f"stopped the cluster of prorl up (pid {record.pid}, gateway {record.gateway})")
+        return
+    _check_redis(ctx, get_settings().redis_url, option="PRORL_REDIS_URL")
 
     from prorl_celery.services import get_services
     from prorl_celery.state.nodes import live_workers, node_states

@@ -32,6 +32,7 @@ import httpx
 import redis
 
 from prorl_celery.core.status import Stage
+from prorl_celery.dev.supervision import ClusterRecord, alive, die_with_parent
 
 log = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = {Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}
@@ -168,7 +169,15 @@ class LocalCluster:
     llm_url: str | None = None
     state_url: str = ""
     broker_url: str = ""
+    #: every child gets SIGTERM when this process dies, even by SIGKILL (``prorl up``, ``prorl
+    #: demo``: see prorl_celery.dev.supervision; only for a launcher that starts them all from
+    #: its main thread)
+    die_with_parent: bool = False
+    #: where the running cluster's record is kept (``prorl-up.json``: pid, gateway, Redis, LLM);
+    #: None: nowhere
+    record_dir: Path | None = None
     _redis_dir_lock: IO[str] | None = field(default=None, repr=False)
+    _previous: ClusterRecord | None = field(default=None, repr=False)
     #: every worker process this cluster started, for the sandboxes they leave (see stop)
     _worker_pids: set[int] = field(default_factory=set, repr=False)
 
@@ -188,6 +197,8 @@ class LocalCluster:
     def start(self) -> None:
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="prorl-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.record_dir is not None:
+            self._previous = ClusterRecord.read(Path(self.record_dir))
         base = self.redis_url or self._start_redis()
         self.broker_url, self.state_url = _with_db(base, 0), _with_db(base, 1)
         port = self.gateway_port or free_port(self.gateway_host)
@@ -200,9 +211,24 @@ class LocalCluster:
         wait_until(lambda: httpx.get(self.gateway_url + "/healthz").status_code == 200, 60, "gateway",
                    self._process("gateway"))
         self.wait_for_workers()
+        self._forget_previous_llm()
         if self.llm_url:
             httpx.post(self.gateway_url + "/add_llm_server", headers=self.auth_headers(),
                        json={"address": self.llm_url, "type": self.llm_protocol}).raise_for_status()
+        if self.record_dir is not None:
+            redis_process = self._process("redis")
+            ClusterRecord(os.getpid(), self.gateway_url, redis_process.popen.pid if redis_process else None,
+                          self.llm_url, str(self.log_dir)).write(Path(self.record_dir))
+
+    def _forget_previous_llm(self) -> None:
+        """The LLM server the last cluster on this record registered died with it: remove it from
+        the pool it left in Redis, before a job is routed to it."""
+        previous = self._previous.llm_url if self._previous and not alive(self._previous.pid) else None
+        if previous and previous != self.llm_url:
+            reply = httpx.post(self.gateway_url + "/clear_llm_server", headers=self.auth_headers(),
+                               json={"address": previous})
+            if reply.status_code == 200:
+                log.info("removed %s, the LLM server of the last cluster (pid %s)", previous, self._previous.pid)
 
     def _spawn_gateway(self) -> ManagedProcess:
         return self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
@@ -266,12 +292,20 @@ class LocalCluster:
         long as this cluster runs (released by the kernel if this process dies)."""
         directory.mkdir(parents=True, exist_ok=True)
         handle = open(directory / REDIS_DIR_LOCK, "w")  # noqa: SIM115 - held until stop()
+        record = ClusterRecord.read(directory)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
-            raise RuntimeError(f"another prorl cluster keeps its Redis data in {directory}; stop it, or pass "
-                               f"another --redis-dir (PRORL_REDIS_DIR)") from None
+            running = f" (pid {record.pid}, gateway {record.gateway})" if record and alive(record.pid) else ""
+            raise RuntimeError(f"another prorl cluster{running} keeps its Redis data in {directory}: stop it "
+                               f"(prorl shutdown --redis-dir {directory}), or pass another --redis-dir "
+                               f"(PRORL_REDIS_DIR)") from None
+        if record is not None and alive(record.redis_pid, "redis-server"):
+            handle.close()
+            raise RuntimeError(f"a redis-server (pid {record.redis_pid}) left by an earlier prorl cluster (pid "
+                               f"{record.pid}) still serves {directory}: stop it (kill {record.redis_pid}), "
+                               f"then start again")
         self._redis_dir_lock = handle
 
     def _start_llm(self) -> None:
@@ -307,7 +341,8 @@ class LocalCluster:
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**self.service_env(), **(extra_env or {})} if env else None,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=die_with_parent() if self.die_with_parent else None)
         process = ManagedProcess(name, popen, log_path)
         self.processes.append(process)
         return process
@@ -331,6 +366,8 @@ class LocalCluster:
             if process.name == "redis":
                 process.stop(grace_s)
         self.processes.clear()
+        if self.record_dir is not None:
+            ClusterRecord.remove(Path(self.record_dir), os.getpid())
         if self._redis_dir_lock is not None:  # after Redis: it has written its last second
             self._redis_dir_lock.close()
             self._redis_dir_lock = None

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
@@ -47,6 +48,7 @@ from singularity.runtime import (
     procfs,
     reap,
     teardown,
+    untracked,
 )
 from singularity.toolserver.client import ToolClient
 from singularity.toolserver.protocol import SEARCH_CORPUS_ENV
@@ -59,6 +61,9 @@ log = logging.getLogger(__name__)
 #: SIGTERM to SIGKILL for a job's sandbox: a tool server exits at once, and a /stop with
 #: hundreds of jobs in flight must close them all within seconds
 STOP_GRACE_S = 2.0
+#: a sandbox without a ledger entry is stopped once it is this old: its entry was lost (Redis
+#: restarted empty), not about to be written
+UNTRACKED_AFTER_S = 30.0
 #: the statuses in which a job holds the sandbox its record names after INIT has handed it over
 HOLDING = frozenset({JobStatus.PENDING_RUN, JobStatus.RUN})
 #: the statuses in which INIT may be starting a sandbox for the job's current attempt
@@ -177,6 +182,22 @@ class JobSandboxes:
         return self._reap(lambda record: self._still_needed(record, holders.get(record.job_id)),
                           released=lambda record: self._released(record, holders.get(record.job_id)),
                           records=records)
+
+    def reap_untracked(self, min_age_s: float = UNTRACKED_AFTER_S) -> int:
+        """Stop the sandboxes of this node's sandbox directory that its ledger no longer lists
+        (the ledger was lost: Redis restarted without its data), started over ``min_age_s`` ago.
+        Their jobs went with the ledger, so nothing else would ever stop them."""
+        lost = [record for record in untracked(self.root / "state",
+                                               lambda: {r.sandbox_id for r in self.ledger.list(self.node)},
+                                               older_than=time.time() - min_age_s)
+                if record.node == self.node]  # nodes on one machine may share a sandbox directory
+        for record in lost:
+            report = teardown(record, grace_s=STOP_GRACE_S)
+            if report.stop_failures == 0:
+                log.warning("stopped sandbox %s of job %s: no ledger entry (lost with Redis's state)",
+                            record.sandbox_id, record.job_id)
+                self._remove_workspace(report.workspace)
+        return len(lost)
 
     def close_abandoned(self, owners: Collection[int]) -> int:
         """Stop every sandbox on this node whose owner, one of the process ids ``owners``, is

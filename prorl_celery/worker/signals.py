@@ -212,7 +212,9 @@ def _close_warm_pool() -> None:
 def _reap_sandboxes() -> None:
     """Stop the sandboxes on this node whose owner died (at start-up and on every reaper tick)."""
     try:
-        get_services().sandboxes.reap()
+        sandboxes = get_services().sandboxes
+        sandboxes.reap()
+        sandboxes.reap_untracked()
     except Exception as error:  # noqa: BLE001 - a worker must start even if reaping fails
         log.warning("cannot reap sandboxes of dead workers: %s", error)
 

@@ -42,7 +42,7 @@ from .layout import DEV_IMAGE
 from .ledger import FileSandboxLedger, SandboxLedger, SandboxRecord
 from .process import ProcessRuntime
 from .procfs import ProcessRef
-from .stopping import ReapReport, Released, StillNeeded, kept_by_owner, reap, retry_delay, teardown
+from .stopping import ReapReport, Released, StillNeeded, kept_by_owner, reap, retry_delay, teardown, untracked
 
 RUNTIMES: dict[str, type[Runtime]] = {
     "bubblewrap": BubblewrapRuntime,
@@ -97,4 +97,5 @@ __all__ = [
     "reap",
     "retry_delay",
     "teardown",
+    "untracked",
 ]

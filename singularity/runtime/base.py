@@ -56,7 +56,7 @@ from .addresses import AddressAllocator
 from .errors import SandboxStartError, SandboxStartTimeout, SandboxStopError
 from .ledger import SandboxLedger, SandboxRecord
 from .procfs import ProcessRef, ProcInfo
-from .stopping import ReapReport, teardown
+from .stopping import ReapReport, teardown, write_local_record
 
 WORKSPACE = "/workspace"
 SOCKET_DIR = "/run/toolserver"
@@ -280,8 +280,10 @@ class Runtime(ABC):
 
         def spawned(popen: subprocess.Popen) -> None:
             attempt.popen, attempt.root = popen, _ref(popen.pid)
+            record = self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id)
+            write_local_record(record)
             if self.ledger is not None:  # a worker dying from here on leaves a record to reap
-                self.ledger.record(self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id))
+                self.ledger.record(record)
 
         try:
             with open(sandbox_dir / "server.log", "wb") as log:
@@ -314,8 +316,10 @@ class Runtime(ABC):
         return sandbox
 
     def _write_ledger(self, sandbox: Sandbox) -> None:
+        record = self._record(sandbox)
+        write_local_record(record)
         if self.ledger is not None:
-            self.ledger.record(self._record(sandbox))
+            self.ledger.record(record)
 
     async def stop(self, sandbox: Sandbox, grace_s: float | None = None) -> None:
         """SIGTERM everything, SIGKILL after ``grace_s``; raise if /proc still shows a member.

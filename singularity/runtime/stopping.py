@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -106,6 +107,36 @@ def teardown(record: SandboxRecord, *, ledger: SandboxLedger | None = None,
     if ledger is not None:
         ledger.remove(record.node, record.sandbox_id)
     return report
+
+
+#: each sandbox's own copy of its ledger entry, in its state directory: what stops it when the
+#: ledger itself is lost (a Redis whose state was reset), see :func:`untracked`
+LOCAL_RECORD = "record.json"
+
+
+def write_local_record(record: SandboxRecord) -> None:
+    """Keep ``record`` beside the sandbox, in its state directory."""
+    if record.state_dir:
+        path = Path(record.state_dir) / LOCAL_RECORD
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(record.model_dump_json())
+        temporary.replace(path)
+
+
+def untracked(state_root: Path, tracked: Callable[[], set[str]], older_than: float) -> list[SandboxRecord]:
+    """The sandboxes under ``state_root`` that the ledger no longer lists, started before
+    ``older_than`` (wall clock): their entries were lost with the ledger (a Redis restarted
+    empty), so no job will stop them. The state directories are read before ``tracked()`` lists
+    the ledger: a sandbox's entry is written before its local copy and removed after its
+    directory, so one being started or stopped meanwhile is never taken for untracked."""
+    found = []
+    for path in sorted(state_root.glob(f"*/{LOCAL_RECORD}")):
+        try:
+            found.append(SandboxRecord.model_validate_json(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    listed = tracked()
+    return [record for record in found if record.sandbox_id not in listed and record.started_at < older_than]
 
 
 #: is a sandbox whose owner process is gone still held by its job? (the caller's answer)

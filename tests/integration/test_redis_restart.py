@@ -33,12 +33,14 @@ import pytest
 import redis
 
 from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
+from prorl_celery.worker.job_sandboxes import UNTRACKED_AFTER_S
+from tests.support.sandboxes import assert_no_sandbox_process, sandbox_processes
 from tests.support.services import ROOT, eventually, rules_file, start_llm_server
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
     pytest.mark.integration,
-    # about three minutes: CI runs it after the default run (scripts/test.sh)
+    # about two minutes: CI runs it after the default run (scripts/test.sh)
     pytest.mark.extended,
 ]
 
@@ -86,6 +88,7 @@ class Stock:
     gateway_url: str
     processes: dict[str, ManagedProcess]
     backend: str
+    sandbox_dir: Path
 
     def dead(self) -> list[str]:
         return [f"{name} (exit {p.popen.poll()}): {p.tail(15)}" for name, p in self.processes.items()
@@ -109,14 +112,14 @@ def stock(qwen3_tokenizer, tmp_path_factory) -> Iterator[Stock]:
     port = free_port()
     env = {**os.environ, "PRORL_REDIS_URL": server.url(1), "PRORL_BROKER_URL": server.url(0),
            "PRORL_TOKENIZER": qwen3_tokenizer, "PRORL_NODE": f"restart-{os.getpid()}",
-           "PRORL_SANDBOX_DIR": str(root / "sbx")}
+           "PRORL_SANDBOX_DIR": str(root / "sbx"), "PRORL_REAPER_INTERVAL_S": "1"}
     bin_dir = Path(sys.executable).parent
     processes = {"gateway": spawn("gateway", [str(bin_dir / "gunicorn"), "--bind", f"127.0.0.1:{port}",
                                               "api:create_app()"], env, root)}
     for stage, args in WORKERS.items():
         processes[stage] = spawn(stage, [str(bin_dir / "celery"), "-A", "prorl_celery", "worker", "-Q", stage, *args,
                                          "-n", f"{stage}@%h"], env, root)
-    found = Stock(server, f"http://127.0.0.1:{port}", processes, llm.address())
+    found = Stock(server, f"http://127.0.0.1:{port}", processes, llm.address(), root / "sbx")
     try:
         wait_until(lambda: httpx.get(found.gateway_url + "/healthz").status_code == 200, 60, "gateway",
                    processes["gateway"])
@@ -131,6 +134,7 @@ def stock(qwen3_tokenizer, tmp_path_factory) -> Iterator[Stock]:
         llm.process.stop()
         if server.process is not None:
             server.process.stop()
+    assert_no_sandbox_process(root / "sbx")
 
 
 def submit(stock: Stock, job_id: str) -> None:
@@ -180,6 +184,7 @@ def test_a_restart_on_the_aof_loses_nothing_and_fails_no_stage(stock, case, sig,
     submit(stock, f"{case}-after")
     every_job_ok_at_its_first_attempt(stock, [*job_ids, f"{case}-after"])
     assert not stock.dead(), stock.dead()
+    eventually(lambda: not sandbox_processes(stock.sandbox_dir), 30, "every job's sandbox stopped")
 
 
 def test_a_state_reset_loses_the_jobs_it_held_and_kills_no_process(stock):
@@ -193,4 +198,8 @@ def test_a_state_reset_loses_the_jobs_it_held_and_kills_no_process(stock):
     submit(stock, "reset-after")
     every_job_ok_at_its_first_attempt(stock, ["reset-after"])
     assert not stock.dead(), stock.dead()
+    # the sandboxes INIT started for the lost jobs lost their ledger entries too: the reaper stops
+    # them by their local copies once they are UNTRACKED_AFTER_S old
+    eventually(lambda: not sandbox_processes(stock.sandbox_dir), UNTRACKED_AFTER_S + 30,
+               "the lost jobs' sandboxes stopped")
 
