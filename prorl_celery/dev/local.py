@@ -355,6 +355,7 @@ class LocalCluster:
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every child: all at once (each gets its full grace period in parallel), Redis
         last, so that stopping workers can still hand their stages back."""
+        self._unregister_llm()
         others = [process for process in self.processes if process.name != "redis"]
         for process in others:
             process.terminate()
@@ -371,6 +372,17 @@ class LocalCluster:
         if self._redis_dir_lock is not None:  # after Redis: it has written its last second
             self._redis_dir_lock.close()
             self._redis_dir_lock = None
+
+    def _unregister_llm(self) -> None:
+        """The LLM server this cluster started is about to stop: out of the pool it stays in
+        with Redis's data, so that no job of a later cluster on that data is routed to it."""
+        if not (self.llm_url and self.gateway_url and self._process("llm")):
+            return
+        try:
+            httpx.post(self.gateway_url + "/clear_llm_server", headers=self.auth_headers(),
+                       json={"address": self.llm_url}, timeout=5)
+        except httpx.HTTPError as error:  # stopping anyway; the next start probes what is left
+            log.warning("cannot remove the LLM server %s from the pool: %s", self.llm_url, error)
 
     def _close_abandoned_sandboxes(self) -> None:
         """Stop the sandboxes this cluster's workers leave behind, through the one teardown path

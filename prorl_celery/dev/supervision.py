@@ -43,8 +43,10 @@ def die_with_parent() -> Callable[[], None]:
     return preexec
 
 
-class Interrupted(Exception):
-    """A stop signal arrived while the cluster was still starting."""
+class Interrupted(BaseException):
+    """A stop signal arrived while the cluster was still starting. A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on the way (a readiness poll's) keeps
+    start-up going."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
