@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -35,11 +36,24 @@ BATCH = TypeAdapter(list[ProcessRequest])
 
 
 def parse(model: type[BaseModel]) -> Any:
-    body = request.get_json(silent=True)
-    refuse_truncated_stream()
+    body = json_body()
     if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object (Content-Type: application/json)")
+        raise BadRequest(f"the request body must be a JSON object, not {type(body).__name__}")
     return model.model_validate(body)
+
+
+def json_body() -> Any:
+    """The request's JSON, or a 400 saying which is wrong: the content type, or the JSON."""
+    refuse_truncated_stream()
+    if not request.is_json:
+        raise BadRequest(f"Content-Type must be application/json, got {request.mimetype or 'none'}")
+    body = request.get_json(silent=True)
+    if body is None:
+        try:
+            json.loads(request.get_data(cache=True) or b"")
+        except ValueError as error:
+            raise BadRequest(f"the request body is not valid JSON: {error}") from None
+    return body
 
 
 def refuse_truncated_stream() -> None:
@@ -116,8 +130,7 @@ def process():
 @bp.post("/jobs")
 def create_jobs():
     """One job, a group (``num_samples``), or a JSON array of either: one round trip to Redis."""
-    body = request.get_json(silent=True)
-    refuse_truncated_stream()
+    body = json_body()
     if isinstance(body, list):
         if not 0 < len(body) <= MAX_BATCH:
             raise BadRequest(f"body: a batch holds 1 to {MAX_BATCH} job requests, got {len(body)}")

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 from prorl_celery.core.forks import GROUP_ID_MAX, JOB_ID_MAX, MAX_FORKS, is_group_id
+from prorl_celery.llm.sampling import KNOWN_KEYS as KNOWN_SAMPLING_KEYS
+from prorl_celery.llm.sampling import unknown_key_message
 
 JOB_ID_PATTERN = rf"^[A-Za-z0-9_.:\-]{{1,{JOB_ID_MAX}}}$"
 
@@ -14,10 +16,21 @@ class SamplingParams(BaseModel):
     """A v1 ``sampling_params``: sampler, agent and trainer-side keys side by side.
 
     Known keys are type-checked here; ``prorl_celery.llm.sampling.split`` decides what each one
-    does. Other keys are accepted (v1 trainers send many) and never sent to an LLM server.
+    does. The other keys v1 trainers send are known too (trainer-side: accepted, never sent); any
+    key beyond those is refused, naming the closest known one; ``extra`` carries engine-specific
+    keys to the LLM server on purpose.
     """
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if key not in KNOWN_SAMPLING_KEYS:
+                    raise ValueError(unknown_key_message(key))
+        return data
 
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -32,6 +45,8 @@ class SamplingParams(BaseModel):
     max_model_len: int | None = Field(None, gt=0, description="context cap, below PRORL_MAX_MODEL_LEN")
     custom_tokenizer: str | None = Field(None, description="tokenizer directory, or a name under PRORL_TOKENIZERS_DIR")
     tokenizer: str | None = Field(None, description="tokenizer directory overriding PRORL_TOKENIZER")
+    extra: dict[str, Any] | None = Field(None, description="engine-specific sampler keys, sent to the LLM "
+                                         "server as they are")
 
     def to_job(self) -> dict[str, Any]:
         """Every key the client sent, extra ones included, for the split."""

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import redis
+from redis import Redis
 
 from prorl_celery.core.settings import Settings, get_settings
 from prorl_celery.llm.pool import BackendPool
@@ -46,11 +47,11 @@ class Services:
         return self.redis_for(self.settings.redis_url)
 
     @cached_property
-    def broker_redis(self) -> redis.Redis:
+    def broker_redis(self) -> Redis:
         """The broker's Redis, for reading queue depths and republishing lost messages."""
         return self.redis_for(self.settings.effective_broker_url)
 
-    def redis_for(self, url: str) -> redis.Redis:
+    def redis_for(self, url: str) -> Redis:
         retry_s = self.settings.redis_retry_s if self.redis_retry_s is None else self.redis_retry_s
         return get_redis(url, retry_s=retry_s)
 

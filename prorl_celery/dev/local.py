@@ -223,12 +223,13 @@ class LocalCluster:
     def _forget_previous_llm(self) -> None:
         """The LLM server the last cluster on this record registered died with it: remove it from
         the pool it left in Redis, before a job is routed to it."""
-        previous = self._previous.llm_url if self._previous and not alive(self._previous.pid) else None
-        if previous and previous != self.llm_url:
+        record = self._previous
+        previous = record.llm_url if record is not None and not alive(record.pid) else None
+        if record is not None and previous and previous != self.llm_url:
             reply = httpx.post(self.gateway_url + "/clear_llm_server", headers=self.auth_headers(),
                                json={"address": previous})
             if reply.status_code == 200:
-                log.info("removed %s, the LLM server of the last cluster (pid %s)", previous, self._previous.pid)
+                log.info("removed %s, the LLM server of the last cluster (pid %s)", previous, record.pid)
 
     def _spawn_gateway(self) -> ManagedProcess:
         return self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",

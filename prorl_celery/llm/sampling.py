@@ -16,9 +16,12 @@ trainer-side    ``model``, ``api_key``, ``modify_params``,           accepts and
 sampler         :data:`SAMPLER_KEYS` of the backend's protocol       sent to the LLM server
 ==============  ===================================================  ==========================
 
-Anything else is not sent either, and the result lists every key that was not
-(``ignored_sampling_params``), including sampler keys the chosen backend's protocol does not
-take. Nothing outside a protocol's allow-list ever reaches an LLM server.
+Any other key is refused by the gateway (400, naming the closest known key: a misspelled
+``max_token`` once trained on rollouts of the default length). An engine-specific key goes in
+``sampling_params.extra``, an object sent to the LLM server as it is, on purpose. The result
+lists every key that was not sent (``ignored_sampling_params``): trainer-side keys, and sampler
+keys the chosen backend's protocol does not take. Nothing else outside a protocol's allow-list
+ever reaches an LLM server.
 """
 from __future__ import annotations
 
@@ -45,6 +48,18 @@ SAMPLER_KEYS: dict[str, frozenset[str]] = {
     "llamacpp": _COMMON,
 }
 ANY_SAMPLER_KEY = frozenset().union(*SAMPLER_KEYS.values())
+#: the object of engine-specific keys sent to the LLM server as they are
+EXTRA_KEY = "extra"
+KNOWN_KEYS = AGENT_KEYS | TRAINER_KEYS | ANY_SAMPLER_KEY | {EXTRA_KEY}
+
+
+def unknown_key_message(key: str) -> str:
+    """What the gateway says of a ``sampling_params`` key it does not know."""
+    import difflib
+    close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"unknown key {key!r}: {hint}engine-specific keys go in sampling_params.extra, which is sent to "
+            f"the LLM server as it is")
 
 
 @dataclass(frozen=True)
@@ -64,7 +79,7 @@ def split(params: dict[str, Any]) -> SplitParams:
         if key in AGENT_KEYS:
             if value is not None:
                 agent[key] = value
-        elif key in ANY_SAMPLER_KEY and key not in TRAINER_KEYS:
+        elif (key in ANY_SAMPLER_KEY and key not in TRAINER_KEYS) or key == EXTRA_KEY:
             if value is not None:
                 sampler[key] = value
         else:
@@ -73,10 +88,12 @@ def split(params: dict[str, Any]) -> SplitParams:
 
 
 def for_protocol(sampler: dict[str, Any], protocol: str) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The sampler keys ``protocol`` takes, and the names of those it does not."""
+    """The sampler keys ``protocol`` takes, with ``extra``'s keys as they are, and the names of
+    those it does not take."""
     allowed = SAMPLER_KEYS[protocol]
-    return ({k: v for k, v in sampler.items() if k in allowed},
-            tuple(sorted(k for k in sampler if k not in allowed)))
+    taken = {k: v for k, v in sampler.items() if k in allowed}
+    taken.update({k: v for k, v in (sampler.get(EXTRA_KEY) or {}).items() if k not in taken})
+    return taken, tuple(sorted(k for k in sampler if k not in allowed and k != EXTRA_KEY))
 
 
 class UnresolvedTokenizer(ValueError):

@@ -238,9 +238,30 @@ def test_unknown_task_lists_registered_tasks(gateway):
     assert "math" in response.json["message"] and "chess" in response.json["message"]
 
 
-def test_malformed_json_and_huge_body(gateway):
+def test_a_misspelled_sampling_key_is_refused_naming_the_closest(gateway):
+    """A user who typed ``max_token`` once trained on rollouts of the default length: 202, ignored."""
+    for path in ("/process", "/jobs"):
+        response = gateway.post(path, json={"instance": math("What is 2 + 3?", "5"),
+                                            "sampling_params": {"max_token": 64, "temperature": 1.0}})
+        assert response.status_code == 400, response.text
+        message = response.json["message"]
+        assert "sampling_params" in message and "'max_token'" in message
+        assert "did you mean 'max_tokens'" in message
+    batch = gateway.post("/jobs", json=[{"instance": math("What is 2 + 3?", "5"),
+                                         "sampling_params": {"tmperature": 1}}])
+    assert batch.status_code == 400 and "did you mean 'temperature'" in batch.json["message"], batch.text
+
+
+def test_malformed_json_and_a_missing_content_type_are_told_apart(gateway):
     broken = gateway.post("/process", data=b"{not json", headers={"Content-Type": "application/json"})
-    assert broken.status_code == 400 and "JSON" in broken.json["message"]
+    assert broken.status_code == 400 and "not valid JSON" in broken.json["message"], broken.json
+    untyped = gateway.post("/process", data=b'{"instance": {}}', headers={"Content-Type": "text/plain"})
+    assert untyped.status_code == 400 and "Content-Type must be application/json, got text/plain" \
+        in untyped.json["message"], untyped.json
+    assert broken.json["message"] != untyped.json["message"]
+
+
+def test_huge_body_and_unknown_job(gateway):
     huge = gateway.post("/process", json={"instance": {"data_source": "math", "problem": "x" * (11 * 2**20)}})
     assert huge.status_code == 413 and huge.json["code"] == "payload_too_large"
     missing = gateway.get("/jobs/nope")

@@ -64,8 +64,8 @@ def stalled_bwrap(directory: Path) -> tuple[Path, Path]:
 
 
 def sandbox_processes(sandbox_dir: Path) -> list[str]:
-    """Every live process of the sandboxes under ``sandbox_dir``, found without any record (a ledger entry or its local copy):
-    bwrap, its inner child and the tool server all write to their sandbox's log,
+    """Every live process of the sandboxes under ``sandbox_dir``, found without any record (a
+    ledger entry or its local copy): bwrap, its inner child and the tool server all write to their sandbox's log,
     ``<sandbox dir>/state/<id>/server.log``, which /proc/<pid>/fd names even once it is removed
     (other test runs on this machine have their bwraps' logs elsewhere)."""
     prefix = os.path.realpath(sandbox_dir) + os.sep

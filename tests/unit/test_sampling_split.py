@@ -59,3 +59,17 @@ def test_custom_tokenizer_resolves_a_directory_or_a_name_under_the_tokenizers_di
     assert resolve_tokenizer({}, "/default", None) == "/default"
     with pytest.raises(ValueError, match="custom_tokenizer: 'nope/none' is not a directory nor under"):
         resolve_tokenizer({"custom_tokenizer": "nope/none"}, None, str(tmp_path))
+
+
+def test_extra_keys_reach_the_backend_as_they_are():
+    """``sampling_params.extra`` is the one way an engine-specific key is sent, on purpose."""
+    params = split({"temperature": 0.5, "extra": {"guided_regex": "[0-9]+", "temperature": 9}})
+    sent, dropped = for_protocol(params.sampler, "vllm")
+    assert sent == {"temperature": 0.5, "guided_regex": "[0-9]+"}  # a named key is not overridden by extra
+    assert dropped == () and params.ignored == ()
+
+
+def test_an_unknown_key_names_the_closest_known_one():
+    from prorl_celery.llm.sampling import unknown_key_message
+    assert "did you mean 'max_tokens'?" in unknown_key_message("max_token")
+    assert "did you mean" not in unknown_key_message("zzzz") and "sampling_params.extra" in unknown_key_message("zzzz")
