@@ -27,6 +27,7 @@ from prorl_celery.state.leases import Reaper, give_up
 from prorl_celery.state.nodes import STALE_BEATS, drain_asked, record_beat
 from prorl_celery.worker.draining import DrainSwitch, held_stages, software_versions
 from prorl_celery.worker.readiness import refused_tasks
+from singularity.runtime import reap_exited_children
 
 if TYPE_CHECKING:
     from prorl_celery.services import Services
@@ -212,6 +213,7 @@ def _close_warm_pool() -> None:
 def _reap_sandboxes() -> None:
     """Stop the sandboxes on this node whose owner died (at start-up and on every reaper tick)."""
     try:
+        reap_exited_children()  # this process's own exited sandbox roots: no zombie outlives a tick
         sandboxes = get_services().sandboxes
         sandboxes.reap()
         sandboxes.reap_untracked()

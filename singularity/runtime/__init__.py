@@ -27,7 +27,7 @@ from typing import Any
 
 from .addresses import AddressAllocator, FileAddressAllocator, MemoryAddressAllocator
 from .apptainer import ApptainerRuntime
-from .base import Availability, Bind, Limits, Runtime, Sandbox, SandboxSpec
+from .base import Availability, Bind, Limits, Runtime, Sandbox, SandboxSpec, reap_exited_children
 from .bubblewrap import BubblewrapRuntime
 from .errors import (
     AddressExhausted,
@@ -97,5 +97,6 @@ __all__ = [
     "reap",
     "retry_delay",
     "teardown",
+    "reap_exited_children",
     "untracked",
 ]

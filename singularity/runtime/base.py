@@ -212,6 +212,20 @@ class Sandbox:
         return f"<Sandbox {self.id} {self.runtime.name} job={self.job_id!r} root={self.root.pid}>"
 
 
+#: the root processes of the sandboxes this process spawned, until they have been waited for: a
+#: sandbox often outlives the Sandbox object of the process that started it (INIT hands it to
+#: RUN, which stops it), and its exit must still be collected here, or it stays a zombie
+_spawned_here: set[subprocess.Popen] = set()
+
+
+def reap_exited_children() -> int:
+    """Wait for every sandbox root this process spawned that has exited (a worker's reaper tick
+    calls this); returns how many were collected."""
+    done = [popen for popen in list(_spawned_here) if popen.poll() is not None]
+    _spawned_here.difference_update(done)
+    return len(done)
+
+
 def default_state_dir() -> Path:
     """Short on purpose: a Unix socket path must stay under 108 bytes."""
     return Path(tempfile.gettempdir()) / f"prorl-sandboxes-{os.geteuid()}"
@@ -280,6 +294,7 @@ class Runtime(ABC):
 
         def spawned(popen: subprocess.Popen) -> None:
             attempt.popen, attempt.root = popen, _ref(popen.pid)
+            _spawned_here.add(popen)
             record = self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id)
             write_local_record(record)
             if self.ledger is not None:  # a worker dying from here on leaves a record to reap
