@@ -44,10 +44,12 @@ def parse(model: type[BaseModel]) -> Any:
 
 def json_body() -> Any:
     """The request's JSON, or a 400 saying which is wrong: the content type, or the JSON."""
-    refuse_truncated_stream()
     if not request.is_json:
+        request.get_data(cache=True)  # read up to the limit first, so that an oversized body is a 413
+        refuse_truncated_stream()
         raise BadRequest(f"Content-Type must be application/json, got {request.mimetype or 'none'}")
     body = request.get_json(silent=True)
+    refuse_truncated_stream()  # after the body was read up to the limit
     if body is None:
         try:
             json.loads(request.get_data(cache=True) or b"")
