@@ -225,11 +225,14 @@ class LocalCluster:
         the pool it left in Redis, before a job is routed to it."""
         record = self._previous
         previous = record.llm_url if record is not None and not alive(record.pid) else None
-        if record is not None and previous and previous != self.llm_url:
-            reply = httpx.post(self.gateway_url + "/clear_llm_server", headers=self.auth_headers(),
-                               json={"address": previous})
-            if reply.status_code == 200:
-                log.info("removed %s, the LLM server of the last cluster (pid %s)", previous, record.pid)
+        if record is not None and previous and previous != self.llm_url and self._remove_llm(previous):
+            log.info("removed %s, the LLM server of the last cluster (pid %s)", previous, record.pid)
+
+    def _remove_llm(self, address: str) -> bool:
+        """Take ``address`` out of the backend pool; True if it was there."""
+        reply = httpx.post(self.gateway_url + "/clear_llm_server", headers=self.auth_headers(),
+                           json={"address": address}, timeout=5)
+        return reply.status_code == 200
 
     def _spawn_gateway(self) -> ManagedProcess:
         return self._spawn("gateway", [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
@@ -380,8 +383,7 @@ class LocalCluster:
         if not (self.llm_url and self.gateway_url and self._process("llm")):
             return
         try:
-            httpx.post(self.gateway_url + "/clear_llm_server", headers=self.auth_headers(),
-                       json={"address": self.llm_url}, timeout=5)
+            self._remove_llm(self.llm_url)
         except httpx.HTTPError as error:  # stopping anyway; the next start probes what is left
             log.warning("cannot remove the LLM server %s from the pool: %s", self.llm_url, error)
 

@@ -186,26 +186,24 @@ class BackendPool:
         down = sorted(cast(set[str], self.redis.smembers(keys.LLM_UNHEALTHY)))
         lock_s = max(1, math.ceil(interval_s))
         mine = [a for a in down if self.redis.set(keys.llm_probe_lock(a), owner, nx=True, ex=lock_s)]
-        if not mine:
-            return {}
-        types = cast(dict[str, str], self.redis.hgetall(keys.LLM_TYPES))
-        with ThreadPoolExecutor(max_workers=min(PROBE_THREADS, len(mine)), thread_name_prefix="prorl-probe") as probes:
-            found = list(probes.map(lambda a: probe(a, types.get(a, "vllm"), timeout_s), mine))
-        recorded = {address: self.set_health(address, health) for address, health in zip(mine, found)}
-        return {address: health for address, health in recorded.items() if health is not None}
+        return self._probe_and_record(mine, timeout_s)
 
     def probe_all(self, *, timeout_s: float) -> dict[str, Health]:
         """Probe every registered backend at once and record what each probe found: a RUN worker
         does this as it starts, so that a backend registered before a restart and gone since
         (its health in Redis still says healthy) leaves routing before any job is assigned it."""
-        registered = cast(list[str], self.redis.zrange(keys.LLM_BACKENDS, 0, -1))
-        if not registered:
+        return self._probe_and_record(cast(list[str], self.redis.zrange(keys.LLM_BACKENDS, 0, -1)), timeout_s)
+
+    def _probe_and_record(self, addresses: list[str], timeout_s: float) -> dict[str, Health]:
+        """Probe ``addresses`` side by side and record each one's health; address -> health of
+        those still registered."""
+        if not addresses:
             return {}
         types = cast(dict[str, str], self.redis.hgetall(keys.LLM_TYPES))
-        workers = min(PROBE_THREADS, len(registered))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prorl-probe") as probes:
-            found = list(probes.map(lambda a: probe(a, types.get(a, "vllm"), timeout_s), registered))
-        recorded = {address: self.set_health(address, health) for address, health in zip(registered, found)}
+        with ThreadPoolExecutor(max_workers=min(PROBE_THREADS, len(addresses)),
+                                thread_name_prefix="prorl-probe") as probes:
+            found = list(probes.map(lambda a: probe(a, types.get(a, "vllm"), timeout_s), addresses))
+        recorded = {address: self.set_health(address, health) for address, health in zip(addresses, found)}
         return {address: health for address, health in recorded.items() if health is not None}
 
     def set_version(self, version: int, address: str | None = None) -> dict[str, int]:
