@@ -9,7 +9,10 @@
 # system python gained later (transformers 5.25 there brings kernels 0.19, which verl's
 # transformers 5.10 cannot import), so a venv that worked once broke on its next rebuild. It holds
 # verl, the CPU torch 2.13.0 on disk (a constraint, never upgraded) and the trainer SDK's own
-# needs (httpx, click); the probe imports the project from its checkout (PYTHONPATH).
+# needs (httpx, click), and this checkout of the project as an editable install without its
+# dependencies (re-linked when the venv was built from another checkout), so that a verl trainer
+# in the venv imports prorl_celery.trainer.integrations.verl as it is. The checks run with -I:
+# the current directory must not stand in for the install.
 #
 #   PRORL_VERL_VERSION  verl version (default 0.9.1)
 #   PRORL_VERL_VENV     where the venv lives (default /opt/verl-venv when writable, else
@@ -24,10 +27,25 @@ version="${PRORL_VERL_VERSION:-0.9.1}"
 want="verl==$version"
 venv_override="${PRORL_VERL_VENV:-}"
 
+links_this_checkout() {
+  "$venv/bin/python" -I - "$root" <<'PY' >/dev/null 2>&1
+import os, sys
+import prorl_celery
+assert os.path.realpath(prorl_celery.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
+PY
+}
+
+repair_venv() {
+  links_this_checkout && return 0
+  log "linking $root into $venv (pip install --no-deps -e)"
+  "$venv/bin/python" -m pip install -q --no-deps -e "$root" >&2 || true
+}
+
 imports_ok() {
   # a venv that sees the system site-packages (as this script once made it) is rebuilt
   grep -qx 'include-system-site-packages = false' "$venv/pyvenv.cfg" || return 1
-  PYTHONPATH="$root" "$venv/bin/python" - "$version" <<'PY' >/dev/null 2>&1
+  links_this_checkout || return 1
+  "$venv/bin/python" -I - "$version" <<'PY' >/dev/null 2>&1
 import sys
 import verl
 from verl.experimental.agent_loop import AgentLoopBase, AgentLoopOutput  # noqa: F401

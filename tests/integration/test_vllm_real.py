@@ -497,7 +497,7 @@ def test_verl_agent_loop_through_the_service(gateway, vllm_a, vllm_model, tmp_pa
     rows_path = tmp_path / "rows.json"
     rows_path.write_text(json.dumps(rows))
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PRORL_GATEWAY_URL": gateway.cluster.gateway_url, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PRORL_GATEWAY_URL": gateway.cluster.gateway_url}  # the venv links this checkout
     done = subprocess.run([python, str(root / "tests" / "support" / "verl_probe.py"), str(vllm_model), str(rows_path)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
