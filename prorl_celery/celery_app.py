@@ -15,10 +15,10 @@ from kombu.utils.uuid import uuid
 
 from prorl_celery.core.settings import Settings, get_settings
 from prorl_celery.core.status import Stage
-from prorl_celery.state.connection import broker_ssl_options
+from prorl_celery.state.connection import broker_ssl_options, is_sentinel
 from prorl_celery.state.store import SENT_HEADER, UNCLAIMED_STAGES
 from prorl_celery.worker._celery import call_after_each_task, reserved_requests, reserved_snapshot
-from prorl_celery.worker._kombu import RedisTransport, fetch_gate, set_fetch_gate, transport_for
+from prorl_celery.worker._kombu import RedisTransport, SentinelTransport, fetch_gate, set_fetch_gate, transport_for
 
 STAGE_QUEUES = tuple(stage.value for stage in Stage)
 #: the queues workers consume without acks (see StageFetchGate and leases.republish_lost)
@@ -153,7 +153,7 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
                  include=["prorl_celery.worker.tasks", "prorl_celery.worker.signals"], set_as_current=set_as_current)
     app.steps["consumer"].add(RunSlotGate)
     app.steps["consumer"].add(StageFetchGate)
-    transport = {
+    transport: dict[str, Any] = {
         # RUN messages are acked once admitted, so only fetched-but-not-admitted ones are unacked
         # (INIT and EVAL have no acks): a killed RUN worker's come back after this, and a copy
         # still waiting in a live worker's buffer becomes a no-op through the stage claim
@@ -168,6 +168,13 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
         "socket_keepalive": True,
         "health_check_interval": 30,
     }
+    if is_sentinel(settings.effective_broker_url):
+        # kombu's Sentinel channel: the primary's name, and the sentinels' own password
+        transport["master_name"] = settings.redis_sentinel_master
+        sentinels: dict[str, Any] = {"socket_timeout": 5, "socket_connect_timeout": 5}
+        if settings.redis_sentinel_password is not None:
+            sentinels["password"] = settings.redis_sentinel_password
+        transport["sentinel_kwargs"] = sentinels
     app.conf.update(
         # INIT and EVAL without acks: their stages are acked when they start anyway, and the ack
         # emulation cost two Redis round trips per message; StageFetchGate keeps a worker from
@@ -280,7 +287,7 @@ def _declare(sender: Celery, queue: str) -> list[Queue]:
     straight to its queue's list (the anonymous exchange) and the consuming workers declare
     their queues; the queue elsewhere (kombu declares it once per channel), as ``send_task``
     would."""
-    return [] if sender.conf.broker_transport is RedisTransport else [sender.amqp.queues[queue]]
+    return [] if sender.conf.broker_transport in (RedisTransport, SentinelTransport) else [sender.amqp.queues[queue]]
 
 
 def pack(job_ids: list[str], batch: int) -> list[Payload]:

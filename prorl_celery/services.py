@@ -53,7 +53,8 @@ class Services:
 
     def redis_for(self, url: str) -> Redis:
         retry_s = self.settings.redis_retry_s if self.redis_retry_s is None else self.redis_retry_s
-        return get_redis(url, retry_s=retry_s)
+        return get_redis(url, retry_s=retry_s, master_name=self.settings.redis_sentinel_master,
+                         sentinel_password=self.settings.redis_sentinel_password)
 
     @cached_property
     def celery(self) -> Celery:
@@ -88,8 +89,9 @@ class Services:
         """The gateway's submits, concurrent ones grouped into one ``job_intake.submit`` call
         (:mod:`prorl_celery.state.group_commit`)."""
         from prorl_celery.wire import job_intake  # the handlers and Celery are loaded only where jobs are submitted
-        return GroupCommit(lambda specs: job_intake.submit(self.store, specs, celery=self.celery,
-                                                           batch=self.settings.stage_batch))
+        return GroupCommit(lambda specs: job_intake.submit(
+            self.store, specs, celery=self.celery, batch=self.settings.stage_batch,
+            replicas=self.settings.redis_wait_replicas, replica_wait_ms=self.settings.redis_wait_timeout_ms))
 
     @cached_property
     def records(self) -> GroupCommit[str, JobRecord | None]:

@@ -27,6 +27,18 @@ class Settings(BaseSettings):
         20.0, ge=0, description="a worker's Redis command that meets a connection error (Redis restarting, "
         "loading its AOF, failing over) is retried with backoff for this long before the stage counts it "
         "as a failure")
+    redis_sentinel_master: str = Field(
+        "prorl", min_length=1, description="with a sentinel:// URL (redis_url, broker_url): the name the "
+        "sentinels monitor the primary under")
+    redis_sentinel_password: str | None = Field(
+        None, description="with a sentinel:// URL: the sentinels' own password (requirepass of "
+        "redis-sentinel); the primary's goes in the URL as for redis://")
+    redis_wait_replicas: int = Field(
+        0, ge=0, description="the gateway answers 202 only once this many replicas hold the new jobs "
+        "(Redis WAIT after the records and their INIT messages are written); 0: on the primary's word "
+        "alone. A WAIT that times out answers 503 service_unavailable, and the jobs still run")
+    redis_wait_timeout_ms: int = Field(
+        2000, gt=0, description="longest the gateway's WAIT for redis_wait_replicas waits")
     gateway_redis_retry_s: float = Field(
         2.0, ge=0, description="the gateway's Redis retry (as redis_retry_s): a blink is ridden out, a "
         "longer outage answers 503 service_unavailable, which clients retry")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -33,6 +33,7 @@ import redis
 
 from prorl_celery.core.status import Stage
 from prorl_celery.dev.supervision import ClusterRecord, alive, die_with_parent
+from prorl_celery.state.connection import open_redis
 
 log = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = {Stage.INIT: 4, Stage.RUN: 16, Stage.EVAL: 4}
@@ -147,6 +148,9 @@ class LocalCluster:
     """Start with ``with LocalCluster(...) as cluster:``; every process is stopped on exit."""
 
     redis_url: str | None = None  # None: start a local redis-server
+    #: with no redis_url: start a Sentinel group (a primary, a replica, three sentinels:
+    #: prorl_celery.dev.sentinel) instead of one redis-server, each server's AOF under redis_dir
+    redis_sentinel: bool = False
     #: the started redis-server's data directory (append-only file, fsync every second); None:
     #: no persistence, a restart loses every job (tests, the demo)
     redis_dir: Path | None = None
@@ -177,6 +181,7 @@ class LocalCluster:
     #: None: nowhere
     record_dir: Path | None = None
     _redis_dir_lock: IO[str] | None = field(default=None, repr=False)
+    _sentinel_group: Any = field(default=None, repr=False)  # a dev.sentinel.SentinelGroup
     _previous: ClusterRecord | None = field(default=None, repr=False)
     #: every worker process this cluster started, for the sandboxes they leave (see stop)
     _worker_pids: set[int] = field(default_factory=set, repr=False)
@@ -199,7 +204,7 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.record_dir is not None:
             self._previous = ClusterRecord.read(Path(self.record_dir))
-        base = self.redis_url or self._start_redis()
+        base = self.redis_url or (self._start_sentinel() if self.redis_sentinel else self._start_redis())
         self.broker_url, self.state_url = _with_db(base, 0), _with_db(base, 1)
         port = self.gateway_port or free_port(self.gateway_host)
         self.gateway_bind, self.gateway_url = gateway_addresses(self.gateway_host, port)
@@ -291,6 +296,32 @@ class LocalCluster:
         wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", process)
         return url
 
+    def _start_sentinel(self) -> str:
+        from prorl_celery.dev.sentinel import SentinelGroup
+        binary = redis_server_binary()
+        if binary is None:
+            raise RuntimeError("redis-server not found: install it (apt-get install redis-server redis-sentinel)")
+        if self.redis_dir is not None:
+            self._lock_redis_dir(Path(self.redis_dir))
+        assert self.log_dir is not None
+        group = SentinelGroup(binary, Path(self.redis_dir or self.log_dir / "sentinel"),
+                              persist=self.redis_dir is not None,
+                              spawn=lambda name, command: self._spawn(name, command, env=False))
+        url = group.start()
+        self._sentinel_group = group
+        # the gateway answers 202 once the replica holds the new jobs (docs/running.md)
+        self.env = {"PRORL_REDIS_SENTINEL_MASTER": group.master_name, "PRORL_REDIS_WAIT_REPLICAS": "1", **self.env}
+        return url
+
+    def supervise(self) -> list[str]:
+        """Start again the members of its Sentinel group that died and are no longer the primary
+        (the sentinels have failed over from them): a former primary rejoins as a replica, so the
+        gateway's WAIT has its replica again. Returns the names restarted."""
+        group = self._sentinel_group
+        if group is None:
+            return []
+        return group.restart_dead()
+
     def _lock_redis_dir(self, directory: Path) -> None:
         """Two redis-servers appending to one file corrupt it: hold the directory's lock for as
         long as this cluster runs (released by the kernel if this process dies)."""
@@ -360,16 +391,22 @@ class LocalCluster:
         """Stop every child: all at once (each gets its full grace period in parallel), Redis
         last, so that stopping workers can still hand their stages back."""
         self._unregister_llm()
-        others = [process for process in self.processes if process.name != "redis"]
+        others = [process for process in self.processes if not process.name.startswith("redis")]
         for process in others:
             process.terminate()
         for process in others:
             process.wait_or_kill(grace_s)
         if self._worker_pids and self.state_url:
             self._close_abandoned_sandboxes()
-        for process in self.processes:
-            if process.name == "redis":
-                process.stop(grace_s)
+        if self._sentinel_group is not None:
+            try:
+                self._sentinel_group.remember_primary()
+            except Exception as error:  # noqa: BLE001 - stopping anyway
+                log.warning("cannot tell which Redis server is the primary: %s", error)
+        # the sentinels first (a primary stopping under their eyes would be failed over), the primary last
+        servers = [process for process in self.processes if process.name.startswith("redis")]
+        for process in sorted(servers, key=lambda p: ("sentinel" not in p.name, p.name == "redis")):
+            process.stop(grace_s)
         self.processes.clear()
         if self.record_dir is not None:
             ClusterRecord.remove(Path(self.record_dir), os.getpid())
@@ -395,7 +432,10 @@ class LocalCluster:
         env = self.service_env()
         defaults = Settings.model_fields
         try:
-            sandboxes = JobSandboxes(redis.Redis.from_url(self.state_url, decode_responses=True),
+            client = open_redis(self.state_url, master_name=env.get("PRORL_REDIS_SENTINEL_MASTER") or
+                                defaults["redis_sentinel_master"].default,
+                                sentinel_password=env.get("PRORL_REDIS_SENTINEL_PASSWORD"))
+            sandboxes = JobSandboxes(client,
                                      node=self.node, runtime="auto",
                                      root=env.get("PRORL_SANDBOX_DIR") or defaults["sandbox_dir"].default)
             sandboxes.close_abandoned(self._worker_pids)
@@ -409,6 +449,8 @@ def _with_db(url: str, db: int) -> str:
 
     Keeps a password, a ``rediss://`` scheme and query options such as ``ssl_ca_certs``.
     """
+    if ";" in url:  # every sentinel's part (kombu reads the first's)
+        return ";".join(_with_db(part, db) for part in url.split(";") if part.strip())
     parts = urlsplit(url)
     if parts.scheme == "unix":  # the path is the socket's: the database goes in the query
         query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(db))]

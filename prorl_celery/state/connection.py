@@ -5,19 +5,29 @@ is sent again with exponential backoff and jitter (redis-py's ``Retry``), for ab
 ``retry_s`` seconds in all, before the error reaches the caller: the workers' stages get
 ``PRORL_REDIS_RETRY_S`` (a restart costs them no attempt), the gateway
 ``PRORL_GATEWAY_REDIS_RETRY_S`` (short: past it a client gets a 503 it retries itself).
+
+A ``sentinel://`` URL (docs/running.md, "Redis Sentinel") names the sentinels instead of a
+server, in kombu's form so that one URL serves the broker and the state alike:
+``sentinel://[:password@]host:port[/db];sentinel://host:port;...``. Its clients ask the
+sentinels for the primary of ``master_name`` on every new connection, so after a failover the
+retry above lands on the new primary.
 """
 from __future__ import annotations
 
 import ssl
 import threading
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
-_clients: dict[tuple[str, float], redis.Redis] = {}
+from prorl_celery.state._redis_raw import FailoverAwareConnection
+
+_clients: dict[tuple[str, float, str, str | None], redis.Redis] = {}
 _lock = threading.Lock()
 
 #: longest single blocking call we make (XREAD BLOCK); socket_timeout must exceed it
@@ -52,24 +62,83 @@ def outage_retry(seconds: float) -> Retry:
                  supported_errors=(redis.ConnectionError, redis.TimeoutError))
 
 
-def get_redis(url: str, retry_s: float = 0.0) -> redis.Redis:
-    """A shared, thread-safe client for ``url`` (decoded strings, generous pool) whose commands
-    retry a connection error for about ``retry_s`` seconds."""
+#: the sentinels' port when a sentinel:// URL names none (redis-sentinel's default)
+SENTINEL_PORT = 26379
+#: the master name a sentinel:// URL is resolved with when the caller names none
+DEFAULT_SENTINEL_MASTER = "prorl"
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """What a ``sentinel://`` URL says: where the sentinels listen, the database, and the
+    primary's credentials (the sentinels' own password is a setting: kombu's form has no room)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def is_sentinel(url: str) -> bool:
+    return urlsplit(url.split(";", 1)[0].strip()).scheme == "sentinel"
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """``sentinel://[[user]:password@]host[:port][/db];sentinel://host[:port];...``: the database
+    and credentials are read from the first part that has them (kombu reads the first's)."""
+    sentinels: list[tuple[str, int]] = []
+    db: int | None = None
+    username = password = None
+    for part in filter(None, (piece.strip() for piece in url.split(";"))):
+        parts = urlsplit(part)
+        if parts.scheme != "sentinel" or not parts.hostname:
+            raise ValueError(f"{part!r} in a sentinel URL: every part must be sentinel://host:port")
+        sentinels.append((parts.hostname, parts.port or SENTINEL_PORT))
+        path = parts.path.strip("/")
+        if path and db is None:
+            if not path.isdigit():
+                raise ValueError(f"{part!r}: the path of a sentinel URL is the database number")
+            db = int(path)
+        if parts.password is not None and password is None:
+            username, password = unquote(parts.username or "") or None, unquote(parts.password)
+    if not sentinels:
+        raise ValueError("a sentinel URL names no sentinel")
+    return SentinelURL(tuple(sentinels), db or 0, username, password)
+
+
+def open_redis(url: str, *, retry_s: float = 0.0, master_name: str = DEFAULT_SENTINEL_MASTER,
+               sentinel_password: str | None = None, **options: Any) -> redis.Redis:
+    """A new client for ``url`` (``redis://``, ``rediss://``, ``unix://`` or ``sentinel://``),
+    decoded strings, its commands retrying a connection error for about ``retry_s`` seconds;
+    ``options`` override the connection keywords (timeouts). Callers that live long share
+    ``get_redis``'s instead."""
+    connection: dict[str, Any] = {
+        "decode_responses": True, "socket_timeout": BLOCK_CHUNK_S + 25, "socket_connect_timeout": 10,
+        "health_check_interval": 30, "retry_on_timeout": False, "retry": outage_retry(retry_s), **options}
+    if not is_sentinel(url):
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=1024, timeout=30, **connection)
+        return redis.Redis(connection_pool=pool)
+    where = parse_sentinel_url(url)
+    sentinel_options = {key: connection[key] for key in ("socket_timeout", "socket_connect_timeout")}
+    if sentinel_password is not None:
+        sentinel_options["password"] = sentinel_password
+    credentials = {"username": where.username, "password": where.password}
+    sentinel = Sentinel(list(where.sentinels), sentinel_kwargs=sentinel_options, db=where.db,
+                        **{key: value for key, value in credentials.items() if value is not None}, **connection)
+    # redis-py's sentinel pool cannot block for a free connection: a generous cap instead
+    return sentinel.master_for(master_name, max_connections=1024, connection_class=FailoverAwareConnection)
+
+
+def get_redis(url: str, retry_s: float = 0.0, *, master_name: str = DEFAULT_SENTINEL_MASTER,
+              sentinel_password: str | None = None) -> redis.Redis:
+    """A shared, thread-safe client for ``url`` (``open_redis``'s, one per process per URL and
+    retry) whose commands retry a connection error for about ``retry_s`` seconds."""
+    key = (url, retry_s, master_name, sentinel_password)
     with _lock:
-        client = _clients.get((url, retry_s))
+        client = _clients.get(key)
         if client is None:
-            pool = redis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=1024,
-                timeout=30,
-                decode_responses=True,
-                socket_timeout=BLOCK_CHUNK_S + 25,
-                socket_connect_timeout=10,
-                health_check_interval=30,
-                retry_on_timeout=False,
-                retry=outage_retry(retry_s),
-            )
-            client = _clients[(url, retry_s)] = redis.Redis(connection_pool=pool)
+            client = _clients[key] = open_redis(url, retry_s=retry_s, master_name=master_name,
+                                                sentinel_password=sentinel_password)
         return client
 
 

@@ -94,6 +94,7 @@ OUTCOME_COUNTS = PREFIX + "stats:outcomes"
 MINUTE_STATS = PREFIX + "stats:minute:"  # + the minute's start in unix seconds
 MINUTE_STATS_TTL_S = 2 * 3600  # the dashboard charts the last hour
 SERVICE_STATE = PREFIX + "service:state"
+REPLICATION_MARK = PREFIX + "service:replicated"  # written right before a WAIT (JobStore.wait_replicated)
 LLM_BACKENDS = PREFIX + "llm:backends"
 LLM_TYPES = PREFIX + "llm:types"
 LLM_INFLIGHT = PREFIX + "llm:inflight"

@@ -488,6 +488,19 @@ class JobStore:
         seconds, micros = self.redis.time()
         return seconds + micros / 1e6
 
+    def wait_replicated(self, replicas: int, timeout_ms: int) -> int:
+        """How many replicas hold everything written to this Redis before the call, waiting up to
+        ``timeout_ms`` for ``replicas`` of them (Redis ``WAIT``).
+
+        WAIT waits for the offset of its own connection's last write, so a write goes first on
+        the same connection: the replication stream is one ordered log, and a replica that has
+        that write has every write that came before it, by any client and in any database (the
+        broker's messages in db 0 as much as the job records in db 1)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.incr(keys.REPLICATION_MARK)
+        pipe.wait(replicas, timeout_ms)
+        return int(pipe.execute()[-1])
+
     # -- waiting -------------------------------------------------------------------------------
 
     def wait(self, job_id: str, timeout_s: float, *, exists: bool = False,

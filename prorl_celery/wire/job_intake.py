@@ -103,13 +103,18 @@ def samples(spec: JobSpec, count: int) -> list[JobSpec]:
 
 
 def submit(store: JobStore, specs: list[JobSpec], *, celery: Celery | None = None,
-           batch: int | None = None) -> list[Submitted]:
+           batch: int | None = None, replicas: int = 0, replica_wait_ms: int = 2000) -> list[Submitted]:
     """Create every job (one round trip) and enqueue INIT for the new ones (through ``celery``,
     default the environment's app) over one producer, in messages of up to ``batch`` jobs of one
     task whose handler allows it (default ``PRORL_STAGE_BATCH``). A broker that cannot be
     reached (after ``enqueue``'s retries) fails those jobs at once (never pending forever) and
     raises ServiceUnavailable (503: retry later). A Redis that cannot be reached raises
-    redis-py's own error, which the gateway answers as the same 503."""
+    redis-py's own error, which the gateway answers as the same 503.
+
+    ``replicas`` (``PRORL_REDIS_WAIT_REPLICAS``): return only once that many replicas hold the
+    records and the messages (``JobStore.wait_replicated``), so that a failover right after the
+    202 loses none of them; fewer within ``replica_wait_ms`` raise ServiceUnavailable. The jobs
+    run all the same, and a client's retry with the same job ids finds them (nothing twice)."""
     outcomes = store.create_many([(spec.job_id, spec.record()) for spec in specs])
     submitted = [Submitted(spec.job_id, created, status) for spec, (created, status) in zip(specs, outcomes)]
     new = [spec for spec, (created, _) in zip(specs, outcomes) if created]
@@ -118,6 +123,12 @@ def submit(store: JobStore, specs: list[JobSpec], *, celery: Celery | None = Non
     except Exception as error:  # broker down: do not leave these jobs pending forever
         fail_stranded(store, new, error)
         raise ServiceUnavailable(f"the broker is unreachable, retry later: {error}") from error
+    if replicas and new:
+        held = store.wait_replicated(replicas, replica_wait_ms)
+        if held < replicas:
+            raise ServiceUnavailable(
+                f"the new jobs reached {held} of the {replicas} Redis replicas PRORL_REDIS_WAIT_REPLICAS asks for "
+                f"within {replica_wait_ms} ms; retry with the same job ids (the jobs are accepted on the primary)")
     return submitted
 
 

@@ -13,6 +13,7 @@ What is patched, and why:
   instead of building a pool from parameters that are gone: kombu's own path raised
   ``AttributeError('NoneType' object has no attribute 'hostname')`` there, which Celery's
   consumer takes as unrecoverable, and the RUN worker process died on a Redis restart.
+- ``_SentinelChannel``: both patches on kombu's Sentinel channel too (``sentinel://`` brokers).
 - ``fetch_gate``/``set_fetch_gate``: read and replace a channel QoS's ``can_consume``, the hook Celery's own
   ``worker_disable_prefetch`` wraps, so that a worker fetches only what it can start.
 
@@ -29,6 +30,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps as kombu_dumps
 from redis import exceptions as redis_exceptions
+
+from prorl_celery.state._redis_raw import FailoverAwareConnection
 
 #: the kombu releases (major.minor) this module was written and measured against
 TESTED_WITH = ("5.7",)
@@ -120,9 +123,24 @@ class RedisTransport(kombu_redis.Transport):
     Channel = _Channel
 
 
+class _SentinelChannel(_Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool asks the sentinels for the primary) with the same
+    patches: its ``_sentinel_managed_pool`` reads ``connection.client.alt``, so a channel closed
+    after its connection would fail the same way. Its connections ask the sentinels for the
+    primary on every reconnect (``FailoverAwareConnection``)."""
+
+    connection_class = FailoverAwareConnection
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = _SentinelChannel
+
+
 def transport_for(url: str) -> type | None:
-    """Our Redis transport for a plain ``redis://``/``rediss://`` broker, kombu's choice otherwise."""
-    return RedisTransport if urlsplit(url).scheme in ("redis", "rediss") else None
+    """Our Redis transport for a ``redis://``/``rediss://`` broker, our Sentinel transport for a
+    ``sentinel://`` one, kombu's choice otherwise."""
+    scheme = urlsplit(url.split(";", 1)[0]).scheme
+    return {"redis": RedisTransport, "rediss": RedisTransport, "sentinel": SentinelTransport}.get(scheme)
 
 
 def fetch_gate(qos: kombu_virtual.QoS) -> Callable[[], bool]:

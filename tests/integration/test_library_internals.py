@@ -47,6 +47,20 @@ def test_celery_still_has_what_the_patches_use():
     assert app.backend is app._backend_cache and app.thread_oid == app._local.oid
 
 
+def test_redis_py_still_reconnects_where_the_failover_patch_steps_in():
+    """``FailoverAwareConnection`` re-resolves the primary in ``connect_check_health``: the call
+    ``send_packed_command`` reconnects through, bypassing the Sentinel connection's ``connect``."""
+    from redis.connection import AbstractConnection
+    from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
+
+    assert "connect_check_health" in AbstractConnection.send_packed_command.__code__.co_names, \
+        "redis-py no longer reconnects through connect_check_health: re-check FailoverAwareConnection"
+    assert issubclass(_redis_raw.FailoverAwareConnection, SentinelManagedConnection)
+    assert hasattr(SentinelConnectionPool, "get_master_address")
+    assert "is_master" in SentinelConnectionPool.__init__.__code__.co_names
+    assert _kombu.SentinelTransport.Channel.connection_class is _redis_raw.FailoverAwareConnection
+
+
 def test_redis_connection_calls_answer_as_the_listener_reads_them(redis_url):
     import redis
 

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ import redis
 from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
 from prorl_celery.worker.job_sandboxes import UNTRACKED_AFTER_S
 from tests.support.sandboxes import assert_no_sandbox_process, sandbox_processes
-from tests.support.services import ROOT, eventually, rules_file, start_llm_server
+from tests.support.services import eventually, rules_file, start_llm_server
+from tests.support.stock import PYTOOL_RULES, WORKERS, StockService, launch, not_ok_at_first_attempt, pytool_job, result
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
@@ -46,12 +46,6 @@ pytestmark = [
 ]
 
 JOBS = 30
-#: the stock worker commands of docs/running.md
-WORKERS = {"init": ["-c", "16"], "run": ["-c", "64"], "eval": ["-c", "8"]}
-RULES = [{"match": "PYTOOL", "scope": "prompt", "delay_s": 1.0, "replies": [
-    "Let me compute it.\n<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": "
-    "\"import time; time.sleep(1)\\nprint(6 * 7)\"}}\n</tool_call>",
-    "The code printed 42, so the answer is \\boxed{42}."]}]
 
 
 class RedisOnPort:
@@ -86,22 +80,20 @@ class RedisOnPort:
 @dataclass
 class Stock:
     redis: RedisOnPort
-    gateway_url: str
-    processes: dict[str, ManagedProcess]
+    service: StockService
     backend: str
     sandbox_dir: Path
 
+    @property
+    def gateway_url(self) -> str:
+        return self.service.gateway_url
+
+    @property
+    def processes(self) -> dict[str, ManagedProcess]:
+        return self.service.processes
+
     def dead(self) -> list[str]:
-        return [f"{name} (exit {p.popen.poll()}): {p.tail(15)}" for name, p in self.processes.items()
-                if p.popen.poll() is not None]
-
-
-def spawn(name: str, command: list[str], env: dict[str, str], log_dir: Path) -> ManagedProcess:
-    log = log_dir / f"{name}.log"
-    with open(log, "wb") as out:
-        popen = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    return ManagedProcess(name, popen, log)
+        return self.service.dead()
 
 
 @pytest.fixture(scope="module")
@@ -109,29 +101,17 @@ def stock(qwen3_tokenizer, tmp_path_factory) -> Iterator[Stock]:
     root = tmp_path_factory.mktemp("redis-restart")
     server = RedisOnPort(root / "redis")
     server.start()
-    llm = start_llm_server(qwen3_tokenizer, root, "restart-llm", rules=rules_file(RULES))
-    port = free_port()
-    env = {**os.environ, "PRORL_REDIS_URL": server.url(1), "PRORL_BROKER_URL": server.url(0),
+    llm = start_llm_server(qwen3_tokenizer, root, "restart-llm", rules=rules_file(PYTOOL_RULES))
+    env = {"PRORL_REDIS_URL": server.url(1), "PRORL_BROKER_URL": server.url(0),
            "PRORL_TOKENIZER": qwen3_tokenizer, "PRORL_NODE": f"restart-{os.getpid()}",
            "PRORL_SANDBOX_DIR": str(root / "sbx"), "PRORL_REAPER_INTERVAL_S": "1"}
-    bin_dir = Path(sys.executable).parent
-    processes = {"gateway": spawn("gateway", [str(bin_dir / "gunicorn"), "--bind", f"127.0.0.1:{port}",
-                                              "api:create_app()"], env, root)}
-    for stage, args in WORKERS.items():
-        processes[stage] = spawn(stage, [str(bin_dir / "celery"), "-A", "prorl_celery", "worker", "-Q", stage, *args,
-                                         "-n", f"{stage}@%h"], env, root)
-    found = Stock(server, f"http://127.0.0.1:{port}", processes, llm.address(), root / "sbx")
     try:
-        wait_until(lambda: httpx.get(found.gateway_url + "/healthz").status_code == 200, 60, "gateway",
-                   processes["gateway"])
-        eventually(lambda: len(httpx.get(found.gateway_url + "/status").json()["workers"]) == 3, 60,
-                   "the three workers' heartbeats")
-        reply = httpx.post(found.gateway_url + "/add_llm_server", json={"address": found.backend})
-        assert reply.status_code == 200, reply.text
-        yield found
+        found = Stock(server, launch(env, root, llm.address()), llm.address(), root / "sbx")
+        try:
+            yield found
+        finally:
+            found.service.stop()
     finally:
-        for process in processes.values():
-            process.stop()
         llm.process.stop()
         if server.process is not None:
             server.process.stop()
@@ -139,15 +119,8 @@ def stock(qwen3_tokenizer, tmp_path_factory) -> Iterator[Stock]:
 
 
 def submit(stock: Stock, job_id: str) -> None:
-    reply = httpx.post(stock.gateway_url + "/jobs", timeout=30, json={
-        "job_id": job_id, "sampling_params": {"max_tokens": 64},
-        "instance": {"data_source": "math", "problem": f"PYTOOL {job_id}: what is 6 * 7?", "answer": "42",
-                     "tools": ["python"], "max_iterations": 3}})
+    reply = httpx.post(stock.gateway_url + "/jobs", timeout=30, json=pytool_job(job_id))
     assert reply.status_code == 202, reply.text
-
-
-def result(stock: Stock, job_id: str, wait_s: float = 120) -> httpx.Response:
-    return httpx.get(f"{stock.gateway_url}/jobs/{job_id}", params={"wait": wait_s}, timeout=wait_s + 30)
 
 
 def in_flight(stock: Stock, case: str) -> list[str]:
@@ -167,13 +140,7 @@ def restarted(stock: Stock, sig: signal.Signals, down_s: float, persist: bool) -
 
 
 def every_job_ok_at_its_first_attempt(stock: Stock, job_ids: list[str]) -> None:
-    wrong = {}
-    for job_id in job_ids:
-        reply = result(stock, job_id)
-        body = reply.json()
-        if reply.status_code != 200 or (body.get("outcome"), body.get("attempt")) != ("ok", 1):
-            wrong[job_id] = (reply.status_code, body.get("status"), body.get("outcome"), body.get("attempt"),
-                             body.get("error"))
+    wrong = not_ok_at_first_attempt(stock.gateway_url, job_ids)
     assert not wrong, f"{len(wrong)} of {len(job_ids)} jobs did not end ok at attempt 1: {wrong}"
 
 
@@ -218,7 +185,7 @@ def test_a_state_reset_loses_the_jobs_it_held_and_kills_no_process(stock):
     job_ids = in_flight(stock, "reset")
     restarted(stock, signal.SIGKILL, 1.0, persist=False)
     # the workers' stages in flight find their jobs gone and drop them; nothing is left running
-    eventually(lambda: all(result(stock, job_id, wait_s=0).status_code == 404 for job_id in job_ids), 60,
+    eventually(lambda: all(result(stock.gateway_url, job_id, wait_s=0).status_code == 404 for job_id in job_ids), 60,
                "every job of the reset Redis unknown")
     reply = httpx.post(stock.gateway_url + "/add_llm_server", json={"address": stock.backend})
     assert reply.status_code == 200, reply.text
