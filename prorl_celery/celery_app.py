@@ -205,6 +205,8 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
         broker_transport=transport_for(settings.effective_broker_url),
         broker_use_ssl=broker_ssl_options(settings.effective_broker_url),
         broker_connection_retry_on_startup=True,
+        # a lost broker is tried again every 0.5-2 s, not kombu's 2, 4, 6 ... s (worker._celery)
+        worker_consumer="prorl_celery.worker._celery:StageConsumer",
         broker_pool_limit=64,
     )
     return app

@@ -156,49 +156,73 @@ class SentinelGroup:
                    "and each other", self.processes.get("redis-sentinel-1"))
 
     def primary_port(self) -> int:
-        """The port of the primary the sentinels name now."""
+        """The port of the primary the sentinels name now (the first that answers)."""
+        named = self._named_primaries(first_only=True)
+        if not named:
+            raise RuntimeError("no sentinel names a primary")
+        return named[0]
+
+    def agreed_primary_port(self) -> int | None:
+        """The primary's port when every sentinel names the same one, else None (just after a
+        failover the sentinels learn it from each other within a second or two)."""
+        named = self._named_primaries()
+        return named[0] if len(named) == SENTINELS and len(set(named)) == 1 else None
+
+    def _named_primaries(self, first_only: bool = False) -> list[int]:
+        named = []
         for port in self.sentinel_ports:
             try:
                 address = self.sentinel_client(port).sentinel_get_master_addr_by_name(self.master_name)
                 _host, primary = cast(tuple[str, str], address)
-                return int(primary)
             except (redis.RedisError, TypeError):
                 continue
-        raise RuntimeError("no sentinel names a primary")
+            named.append(int(primary))
+            if first_only:
+                break
+        return named
 
     def server_named(self, port: int) -> str:
         return next(name for name, own in self.ports.items() if own == port)
 
     def restart(self, name: str) -> ManagedProcess:
-        """Start a stopped member again on its port (a former primary comes back as a replica:
-        the sentinels reconfigure it)."""
+        """Start a stopped member again on its port; a server as the replica of the primary
+        every sentinel names (None of them agreeing: RuntimeError). A former primary started
+        on its own would serve as a primary, its old data and all, until the sentinels turned
+        it into a replica, and a sentinel that had not yet heard of the failover could send
+        clients to it."""
+        if not name.startswith("redis-sentinel"):
+            primary = self.agreed_primary_port()
+            if primary is None or primary == self.ports[name]:
+                raise RuntimeError(f"the sentinels do not agree on a primary other than {name}: not restarting it")
+            command = self.commands[name]
+            if "--replicaof" in command:
+                command = command[:command.index("--replicaof")] + command[command.index("--replicaof") + 3:]
+            self.commands[name] = [*command, "--replicaof", "127.0.0.1", str(primary)]
         return self._start(name)
 
     def restart_dead(self) -> list[str]:
-        """Start again every member that exited, except a server the sentinels still name the
-        primary: restarted before the failover, an empty primary (no persistence) would be
-        followed by the replica, which would drop everything it holds."""
+        """Start again every member that exited, except a server while the sentinels do not all
+        name another primary: restarted before the failover, an empty primary (no persistence)
+        would be followed by the replica, which would drop everything it holds."""
         dead = [name for name, process in self.processes.items() if process.popen.poll() is not None]
         if not dead:
             return []
-        try:
-            primary = self.server_named(self.primary_port())
-        except (RuntimeError, StopIteration):
-            primary = None
-        restarted = [name for name in dead if name != primary]
+        agreed = self.agreed_primary_port()
+        restarted = [name for name in dead
+                     if name.startswith("redis-sentinel") or (agreed is not None and agreed != self.ports[name])]
         for name in restarted:
             log.warning("%s exited (%s); starting it again", name, self.processes[name].popen.returncode)
-            self._start(name)
+            self.restart(name)
         return restarted
 
     def wait_failed_over(self, old_port: int, timeout_s: float = 60.0) -> int:
-        """Until the sentinels name a primary other than ``old_port``, and it accepts writes."""
+        """Until every sentinel names a primary other than ``old_port``, and it accepts writes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                port = self.primary_port()
-                role = redis.Redis(port=port, socket_timeout=2).info("replication")["role"]
-                if port != old_port and role == "master":
+                port = self.agreed_primary_port()
+                if port is not None and port != old_port and \
+                        redis.Redis(port=port, socket_timeout=2).info("replication")["role"] == "master":
                     self.remember_primary()
                     return port
             except (redis.RedisError, RuntimeError):

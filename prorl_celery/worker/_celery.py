@@ -12,6 +12,8 @@ What is patched, and why:
 - ``reserved_requests``: the worker's fetched and unfinished requests
   (``celery.worker.state.reserved_requests``), which the fetch gates count; ``reserved_snapshot``
   copies them without iterating a set other threads change.
+- ``StageConsumer``: the worker's consumer, its broker reconnects on shorter waits than kombu's
+  defaults, which Celery's consumer passes no setting for (see ``consumer_class``).
 
 ``tests/integration/test_library_internals.py`` fails, naming the version, on a Celery outside
 ``TESTED_WITH``, and checks that every attribute used here still exists.
@@ -19,6 +21,7 @@ What is patched, and why:
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -75,3 +78,41 @@ def _calling_after_completion(on_apply: Callable[..., Any], after: Callable[[], 
     return apply
 
 
+
+
+#: the broker reconnect's waits between rounds over every broker URL: from the first, growing
+#: by the step, never above the last (kombu's own, which Celery's consumer uses: 2, 4, 6 ... 30 s)
+RECONNECT_START_S, RECONNECT_STEP_S, RECONNECT_MAX_S = 0.5, 0.5, 2.0
+
+
+def consumer_class() -> type:
+    """Celery's worker consumer, reconnecting to a lost broker every ``RECONNECT_*`` seconds.
+
+    Celery's consumer calls ``Connection.ensure_connection`` with kombu's default waits, and no
+    setting changes them: after a Redis restart or a Sentinel failover a worker found the broker
+    back only on its next round, up to 6 s later by the third, while the stages' own Redis
+    commands (``PRORL_REDIS_RETRY_S``) had long gone on. Named by the ``worker_consumer`` setting
+    (``celery_app.create_celery``)."""
+    from celery.worker.consumer import Consumer
+
+    class StageConsumer(Consumer):
+        def ensure_connected(self, conn: Any) -> Any:
+            return super().ensure_connected(with_fast_reconnect(conn))
+
+    return StageConsumer
+
+
+def with_fast_reconnect(conn: Any) -> Any:
+    """``conn`` (a kombu Connection) whose ``ensure_connection`` waits ``RECONNECT_*``."""
+    conn.ensure_connection = partial(type(conn).ensure_connection, conn, interval_start=RECONNECT_START_S,
+                                     interval_step=RECONNECT_STEP_S, interval_max=RECONNECT_MAX_S)
+    return conn
+
+
+def __getattr__(name: str) -> Any:
+    """``StageConsumer``, built on first use: the gateway imports this module too, and must not
+    load Celery's worker for it."""
+    if name == "StageConsumer":
+        built = globals()["StageConsumer"] = consumer_class()
+        return built
+    raise AttributeError(name)

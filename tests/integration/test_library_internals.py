@@ -45,6 +45,26 @@ def test_celery_still_has_what_the_patches_use():
     assert hasattr(app, "thread_oid") and hasattr(app, "backend")
     _celery.share_backend(app)
     assert app.backend is app._backend_cache and app.thread_oid == app._local.oid
+    from celery.worker.consumer import Consumer
+    assert "ensure_connection" in Consumer.ensure_connected.__code__.co_names, \
+        "Celery's consumer no longer reconnects through Connection.ensure_connection: re-check StageConsumer"
+    assert issubclass(_celery.StageConsumer, Consumer)
+
+
+def test_the_stage_consumer_reconnects_on_its_own_waits():
+    from kombu import Connection
+
+    class Probe(Connection):
+        def ensure_connection(self, *args, **kwargs):
+            self.seen = (args, kwargs)
+            return self
+
+    conn = Probe("redis://127.0.0.1:1/0")
+    _celery.with_fast_reconnect(conn)
+    conn.ensure_connection("errback", 3, callback=None)  # as Celery's Consumer.ensure_connected calls it
+    assert conn.seen == (("errback", 3), {"callback": None, "interval_start": _celery.RECONNECT_START_S,
+                                          "interval_step": _celery.RECONNECT_STEP_S,
+                                          "interval_max": _celery.RECONNECT_MAX_S})
 
 
 def test_redis_py_still_reconnects_where_the_failover_patch_steps_in():

@@ -107,7 +107,7 @@ def test_a_failover_under_load_loses_no_accepted_job(replicated):
     new = replicated.group.wait_failed_over(old)
     failed_over_s = time.monotonic() - killed
     # as prorl up's supervision does: the former primary starts again and rejoins as a replica
-    assert replicated.group.restart_dead() == [replicated.group.server_named(old)]
+    assert replicated.group.restart_dead() == [replicated.group.server_named(old)]  # as a replica of the new one
 
     with ThreadPoolExecutor(JOBS) as pool:  # each wait returns as its job ends
         replies = dict(zip(job_ids, pool.map(lambda job_id: result(url, job_id, wait_s=180), job_ids)))
