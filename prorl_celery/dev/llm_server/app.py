@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -50,11 +52,14 @@ CLIENT_CLOSED = 499
 class LLMServer:
     """The app's state: engine, token texts and the request log."""
 
-    def __init__(self, engine: Engine, *, log_limit: int = 100_000) -> None:
+    def __init__(self, engine: Engine, *, log_limit: int = 100_000, log_file: Path | None = None) -> None:
         self.engine = engine
         self.texts = TokenText(engine.tokenizer)
         #: bounded so a long bench cannot exhaust memory; oldest records go first
         self.log: deque[Generation] = deque(maxlen=log_limit)
+        #: every generation answered, one JSON line each, written before its answer is sent:
+        #: the record of a server that is SIGKILLed (``bench.chaos``)
+        self.log_file = open(log_file, "a", encoding="utf-8") if log_file else None  # noqa: SIM115
 
     # -- request -> (prompt ids, sampling params), with the real servers' checks
 
@@ -101,6 +106,9 @@ class LLMServer:
         if gen.aborted:
             return None
         work.result()  # re-raise an engine failure
+        if self.log_file is not None:
+            self.log_file.write(json.dumps(gen.log_record()) + "\n")
+            self.log_file.flush()
         return gen
 
     async def _drive(self, gen: Generation) -> None:
@@ -182,10 +190,10 @@ def _sampling(*, max_tokens: int, temperature: float | None, top_p: float | None
         ignore_eos=ignore_eos, top_logprobs=top_logprobs)
 
 
-def create_llm_app(engine: Engine, *, log_limit: int = 100_000) -> FastAPI:
+def create_llm_app(engine: Engine, *, log_limit: int = 100_000, log_file: Path | None = None) -> FastAPI:
     """The HTTP server for ``engine`` (see the module docstring for its routes)."""
     app = FastAPI(title="prorl-celery LLM server", docs_url=None, redoc_url=None)
-    server = app.state.llm = LLMServer(engine, log_limit=log_limit)
+    server = app.state.llm = LLMServer(engine, log_limit=log_limit, log_file=log_file)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -93,9 +93,12 @@ def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | No
 @click.option("--max-model-len", type=int, default=None,
               help="context length the scripted server enforces and reports (default 32768)")
 @click.option("--log-level", default="info", show_default=True)
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="append every generation answered to this file, one JSON line each (the /_log record), "
+                   "written before its answer is sent")
 def llm_serve(model: str | None, scripted: str | None, tokenizer: str | None, host: str, port: int,
               token_delay: float, seed: int, model_name: str | None, max_model_len: int | None,
-              log_level: str) -> None:
+              log_level: str, log_file: Path | None) -> None:
     """Serve an LLM over the vLLM, SGLang and llama.cpp protocols."""
     import uvicorn
 
@@ -116,4 +119,4 @@ def llm_serve(model: str | None, scripted: str | None, tokenizer: str | None, ho
         raise click.BadParameter(f"{scripted} is not a rules file ({first}): a JSON list of "
                                  '{"match": regex, "replies": [...]}', param_hint="--scripted") from error
     click.echo(f"serving {engine.model_name} on http://{host}:{port}", err=True)
-    uvicorn.run(create_llm_app(engine), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_llm_app(engine, log_file=log_file), host=host, port=port, log_level=log_level)
