@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.services import eventually, rules_file, start_llm_server
-from tests.support.stock import launch, result
+from tests.support.stock import launched, result
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
@@ -34,11 +34,10 @@ def two_backends(qwen3_tokenizer, redis_url, tmp_path) -> Iterator[tuple]:
     env = {"PRORL_REDIS_URL": redis_url + "/12", "PRORL_BROKER_URL": redis_url + "/13",
            "PRORL_TOKENIZER": qwen3_tokenizer, "PRORL_NODE": f"killed-llm-{os.getpid()}",
            "PRORL_SANDBOX_DIR": str(tmp_path / "sbx")}
-    service = launch(env, tmp_path, doomed.address())
     try:
-        yield service, doomed, spare
+        with launched(env, tmp_path, doomed.address()) as service:
+            yield service, doomed, spare
     finally:
-        service.stop()
         doomed.process.stop()
         spare.process.stop()
 

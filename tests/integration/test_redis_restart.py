@@ -36,7 +36,15 @@ from prorl_celery.dev.local import ManagedProcess, free_port, wait_until
 from prorl_celery.worker.job_sandboxes import UNTRACKED_AFTER_S
 from tests.support.sandboxes import assert_no_sandbox_process, sandbox_processes
 from tests.support.services import eventually, rules_file, start_llm_server
-from tests.support.stock import PYTOOL_RULES, WORKERS, StockService, launch, not_ok_at_first_attempt, pytool_job, result
+from tests.support.stock import (
+    PYTOOL_RULES,
+    WORKERS,
+    StockService,
+    launched,
+    not_ok_at_first_attempt,
+    pytool_job,
+    result,
+)
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
@@ -106,11 +114,8 @@ def stock(qwen3_tokenizer, tmp_path_factory) -> Iterator[Stock]:
            "PRORL_TOKENIZER": qwen3_tokenizer, "PRORL_NODE": f"restart-{os.getpid()}",
            "PRORL_SANDBOX_DIR": str(root / "sbx"), "PRORL_REAPER_INTERVAL_S": "1"}
     try:
-        found = Stock(server, launch(env, root, llm.address()), llm.address(), root / "sbx")
-        try:
-            yield found
-        finally:
-            found.service.stop()
+        with launched(env, root, llm.address()) as service:
+            yield Stock(server, service, llm.address(), root / "sbx")
     finally:
         llm.process.stop()
         if server.process is not None:

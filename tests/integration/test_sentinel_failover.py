@@ -32,7 +32,7 @@ from prorl_celery.state import keys
 from prorl_celery.state.connection import open_redis
 from tests.support.sandboxes import assert_no_sandbox_process, sandbox_processes
 from tests.support.services import LLMServer, eventually, rules_file, start_llm_server
-from tests.support.stock import PYTOOL_RULES, StockService, launch, not_ok_at_first_attempt, pytool_job, result
+from tests.support.stock import PYTOOL_RULES, StockService, launched, not_ok_at_first_attempt, pytool_job, result
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
@@ -66,11 +66,8 @@ def replicated(qwen3_tokenizer, tmp_path_factory) -> Iterator[Replicated]:
            "PRORL_NODE": f"sentinel-{os.getpid()}", "PRORL_SANDBOX_DIR": str(root / "sbx"),
            "PRORL_REAPER_INTERVAL_S": "1"}
     try:
-        found = Replicated(group, launch(env, root, llm.address()), llm, root / "sbx")
-        try:
-            yield found
-        finally:
-            found.service.stop()
+        with launched(env, root, llm.address()) as service:
+            yield Replicated(group, service, llm, root / "sbx")
     finally:
         llm.process.stop()
         group.stop()

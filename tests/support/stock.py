@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,16 @@ def launch(env: dict[str, str], log_dir: Path, backend: str) -> StockService:
         service.stop()
         raise
     return service
+
+
+@contextmanager
+def launched(env: dict[str, str], log_dir: Path, backend: str) -> Iterator[StockService]:
+    """``launch``, stopped when the block ends."""
+    service = launch(env, log_dir, backend)
+    try:
+        yield service
+    finally:
+        service.stop()
 
 
 def pytool_job(job_id: str) -> dict:
