@@ -15,7 +15,7 @@ Faults, one every ``--every`` seconds on average (exponential gaps), the kind dr
 - ``kill_tool_server``: SIGKILL of a sandbox's tool server (its job's attempt fails, it retries);
 - ``redis_restart``: SIGKILL of the Redis replica, started again by the supervision;
 - ``failover``: SIGKILL of the Redis primary (the sentinels fail over; the supervision restarts it
-  as the new replica);
+  as the new replica, or in place when its replica is not yet in sync);
 - ``stop_start``: ``POST /stop`` (every job in flight cancelled), ``POST /start`` 1 s later;
 - ``cancel_storm``: ``POST /cancel`` of up to 10 jobs in flight.
 
@@ -144,8 +144,9 @@ class Soak:
         env = {"PRORL_NODE": f"chaos-{self.seed}", "PRORL_SANDBOX_DIR": str(self.root / "sbx"),
                "PRORL_REAPER_INTERVAL_S": "1", "PRORL_LEASE_S": "15", "PRORL_HEARTBEAT_S": "2",
                "PRORL_REPUBLISH_AFTER_S": "30"}
-        self.cluster = LocalCluster(redis_sentinel=True, tokenizer=tokenizer, concurrency=dict(CONCURRENCY),
-                                    log_dir=self.root / "logs", env=env)
+        # each Redis server with its append-only file, as prorl up --redis sentinel keeps them
+        self.cluster = LocalCluster(redis_sentinel=True, redis_dir=self.root / "redis", tokenizer=tokenizer,
+                                    concurrency=dict(CONCURRENCY), log_dir=self.root / "logs", env=env)
         self.llms = [LLM(f"llm-{i}", free_port(), self.root / f"llm-{i}.jsonl", tokenizer, self.root)
                      for i in range(2)]
         kinds = user_install_jobs().phase_one()

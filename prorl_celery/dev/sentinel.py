@@ -5,6 +5,12 @@ The sentinels watch the primary under one master name, quorum 2 of 3; a primary 
 ``down_after_ms`` is failed over to the replica. Each server keeps an append-only file in its own
 directory (``persist``), or nothing on disk. docs/running.md, "Redis Sentinel", says what each
 setting can lose and what it costs.
+
+A member that died rejoins held back (``replica-priority 0``) until its first sync from the
+primary has finished: the sentinels cannot promote a replica that holds only its own old data. A
+primary that dies while its one replica is still held back has no one to fail over to, so it is
+started again in place, with its append-only file, rather than lose what only it holds (the
+double fault of bench/results/chaos.md, seed 7).
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ SENTINELS = 3
 QUORUM = 2
 #: the file under the group's directory naming the data directory of its last primary
 PRIMARY_MARKER = "primary"
+#: redis-server's default replica-priority, given back to a held-back replica once it is in sync
+PROMOTABLE_PRIORITY = 100
 
 
 def sentinel_config(port: int, directory: Path, master_name: str, primary_port: int, *,
@@ -70,6 +78,10 @@ class SentinelGroup:
     commands: dict[str, list[str]] = field(default_factory=dict)
     #: each server's data directory under ``directory`` (server-1, server-2)
     data_dirs: dict[str, str] = field(default_factory=dict)
+    #: servers restarted as replicas whose first sync has not finished (not promotable)
+    held_back: set[str] = field(default_factory=set)
+    #: when each member was first seen dead (monotonic seconds)
+    dead_since: dict[str, float] = field(default_factory=dict)
 
     def _data_dirs(self) -> tuple[str, str]:
         """(the primary's, the replica's): the one that was primary when the group last stopped
@@ -184,35 +196,86 @@ class SentinelGroup:
     def server_named(self, port: int) -> str:
         return next(name for name, own in self.ports.items() if own == port)
 
-    def restart(self, name: str) -> ManagedProcess:
+    def restart(self, name: str, *, in_place: bool = False) -> ManagedProcess:
         """Start a stopped member again on its port; a server as the replica of the primary
-        every sentinel names (None of them agreeing: RuntimeError). A former primary started
-        on its own would serve as a primary, its old data and all, until the sentinels turned
-        it into a replica, and a sentinel that had not yet heard of the failover could send
-        clients to it."""
+        every sentinel names (None of them agreeing: RuntimeError), held back until its first
+        sync ends (``release_synced``). A former primary started on its own would serve as a
+        primary, its old data and all, until the sentinels turned it into a replica, and a
+        sentinel that had not yet heard of the failover could send clients to it.
+
+        ``in_place``: the server is the sentinels' primary still (no replica could take over):
+        it starts as a primary again, on its own append-only file."""
         if not name.startswith("redis-sentinel"):
-            primary = self.agreed_primary_port()
-            if primary is None or primary == self.ports[name]:
-                raise RuntimeError(f"the sentinels do not agree on a primary other than {name}: not restarting it")
-            command = self.commands[name]
-            if "--replicaof" in command:
-                command = command[:command.index("--replicaof")] + command[command.index("--replicaof") + 3:]
-            self.commands[name] = [*command, "--replicaof", "127.0.0.1", str(primary)]
+            command = _without(_without(self.commands[name], "--replicaof", 2), "--replica-priority", 1)
+            if in_place:
+                self.commands[name] = command
+            else:
+                primary = self.agreed_primary_port()
+                if primary is None or primary == self.ports[name]:
+                    raise RuntimeError(f"the sentinels do not agree on a primary other than {name}: "
+                                       "not restarting it")
+                self.commands[name] = [*command, "--replicaof", "127.0.0.1", str(primary), "--replica-priority", "0"]
+                self.held_back.add(name)
+            if not self.persist:  # a replica's last full sync left an RDB file: start empty, not from it
+                (self.directory / self._data_dir_name(name) / "dump.rdb").unlink(missing_ok=True)
+        self.dead_since.pop(name, None)
         return self._start(name)
 
-    def restart_dead(self) -> list[str]:
-        """Start again every member that exited, except a server while the sentinels do not all
-        name another primary: restarted before the failover, an empty primary (no persistence)
-        would be followed by the replica, which would drop everything it holds."""
+    def _data_dir_name(self, name: str) -> str:
+        command = self.commands[name]
+        return Path(command[command.index("--dir") + 1]).name
+
+    def release_synced(self) -> list[str]:
+        """Make promotable again (``replica-priority`` back to the default) each held-back
+        replica whose sync from the primary has finished. Returns their names."""
+        released = []
+        for name in sorted(self.held_back):
+            try:
+                server = redis.Redis(port=self.ports[name], socket_timeout=2, decode_responses=True)
+                info = server.info("replication")
+                if info.get("role") != "slave" or info.get("master_link_status") != "up" or \
+                        int(info.get("master_sync_in_progress", 1)):
+                    continue
+                server.config_set("replica-priority", PROMOTABLE_PRIORITY)
+            except redis.RedisError:
+                continue
+            self.held_back.discard(name)
+            released.append(name)
+            log.info("%s is in sync with its primary: it can be failed over to again", name)
+        return released
+
+    def restart_dead(self, *, failover_wait_s: float | None = None) -> list[str]:
+        """Start again every member that exited, and release the replicas now in sync.
+
+        A dead server that the sentinels no longer name the primary starts as the new primary's
+        replica. One they still name waits for their failover (restarted before it, an empty
+        primary, with no persistence, would be followed by the replica, which would drop
+        everything it holds), unless no replica can take over: the other server is dead too or
+        still held back, or no failover came within ``failover_wait_s`` (default: down-after
+        plus failover-timeout). Then it starts in place, on its own append-only file."""
+        self.release_synced()
+        now = time.monotonic()
         dead = [name for name, process in self.processes.items() if process.popen.poll() is not None]
+        for name in dead:
+            self.dead_since.setdefault(name, now)
         if not dead:
             return []
+        wait_s = (self.down_after_ms + self.failover_timeout_ms) / 1000 if failover_wait_s is None else failover_wait_s
         agreed = self.agreed_primary_port()
-        restarted = [name for name in dead
-                     if name.startswith("redis-sentinel") or (agreed is not None and agreed != self.ports[name])]
-        for name in restarted:
-            log.warning("%s exited (%s); starting it again", name, self.processes[name].popen.returncode)
-            self.restart(name)
+        restarted = []
+        for name in dead:
+            if name.startswith("redis-sentinel") or (agreed is not None and agreed != self.ports[name]):
+                log.warning("%s exited (%s); starting it again", name, self.processes[name].popen.returncode)
+                self.restart(name)
+                restarted.append(name)
+            elif agreed == self.ports[name]:
+                other = next(n for n in ("redis", "redis-replica") if n != name)
+                stranded = other in dead or other in self.held_back
+                if stranded or now - self.dead_since[name] > wait_s:
+                    why = "its replica is not in sync" if stranded else f"no failover within {wait_s:.0f} s"
+                    log.warning("primary %s exited and %s: starting it again in place", name, why)
+                    self.restart(name, in_place=True)
+                    restarted.append(name)
         return restarted
 
     def wait_failed_over(self, old_port: int, timeout_s: float = 60.0) -> int:
@@ -242,6 +305,14 @@ class SentinelGroup:
         for name in order:
             self.processes[name].stop(grace_s)
         self.processes.clear()
+
+
+def _without(command: list[str], flag: str, values: int) -> list[str]:
+    """``command`` without ``flag`` and the ``values`` arguments after it."""
+    if flag not in command:
+        return command
+    at = command.index(flag)
+    return command[:at] + command[at + 1 + values:]
 
 
 def _answers(check: Callable[[], bool]) -> bool:
