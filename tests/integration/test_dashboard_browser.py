@@ -197,3 +197,44 @@ def test_script_in_a_trajectory_renders_as_text(gateway, backend, page, artifact
     assert page.locator("#conversation script").count() == 0
     assert page.evaluate("typeof window.__xss") == "undefined"
     screenshot(page, artifacts, "xss.png")
+
+
+
+#: a node name as Slurm or a cloud names one: the longest cell of the Nodes card
+LONG_NODE = "gpu-a100-node-017.cluster.example.org"
+#: each card of the dashboard's grid: its title, box, and how far its content reaches
+CARD_BOXES = """() => [...document.querySelectorAll('.grid > .card')].map(card => {
+  const box = card.getBoundingClientRect();
+  return {title: card.querySelector('h2').firstChild.textContent.trim(), left: box.left, right: box.right,
+          top: box.top, bottom: box.bottom, scroll: card.scrollWidth, client: card.clientWidth};
+})"""
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_every_card_fits_its_column_with_a_long_node_name(gateway, backend, browser, artifacts, width):
+    """Issue 37: the Nodes card overflowed its column at 1,280 and 1,400 px wide windows."""
+    import time
+
+    import redis
+
+    from prorl_celery.state import keys
+    gateway.cluster.wait_for_workers()
+    # a node seen once and since gone: the service lists it as any other, by its full name
+    redis.Redis.from_url(gateway.cluster.state_url).zadd(keys.NODES, {LONG_NODE: time.time()})
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    try:
+        tab = context.new_page()
+        tab.goto(gateway.cluster.gateway_url + "/dashboard")
+        expect(tab.locator("#nodes tr", has_text=LONG_NODE)).to_have_count(1)
+        cards = tab.evaluate(CARD_BOXES)
+        screenshot(tab, artifacts, f"dashboard-{width}.png", full_page=True)
+    finally:
+        context.close()
+    assert "Nodes" in [card["title"] for card in cards]
+    for card in cards:  # nothing of a card's content reaches past its border
+        assert card["scroll"] <= card["client"], (width, card)
+    for one in cards:  # and no card reaches into its neighbour's column
+        for other in cards:
+            overlap = min(one["right"], other["right"]) - max(one["left"], other["left"]) > 0 and \
+                min(one["bottom"], other["bottom"]) - max(one["top"], other["top"]) > 0
+            assert one is other or not overlap, (width, one, other)

@@ -112,7 +112,7 @@
     }), "No LLM backend registered (POST /add_llm_server).", 4);
     fill("nodes", (status.nodes || []).map(function (n) {
       var state = cell("td", n.state); state.className = "node-" + n.state;
-      return row([cell("td", n.node), state, cell("td", n.last_seen_s.toFixed(1) + " s ago", "num"),
+      return row([cell("td", n.node, "node-name"), state, cell("td", n.last_seen_s.toFixed(1) + " s ago", "num"),
                   cell("td", n.busy, "num"), cell("td", n.sandboxes, "num")]);
     }), "no node has sent a heartbeat", 5);
     fill("warm-pools", status.workers.filter(function (w) { return w.warm_pool; }).map(function (w) {
