@@ -713,7 +713,7 @@ def tokens_check(trajectory_file: Path, tokenizer: str) -> None:
     if endpoint_record(document) is not None:  # the agent called the job's OpenAI endpoint
         clean, text = describe(document)
         click.echo(text)
-        click.echo(f"re-rendering the last segment's messages as text: {report.describe(chat)}")
+        click.echo(f"re-rendering the primary sample's messages as text: {report.describe(chat)}")
         sys.exit(0 if clean else 1)
     click.echo(report.describe(chat))
     sys.exit(0 if report.match else 1)

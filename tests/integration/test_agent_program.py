@@ -135,7 +135,8 @@ def test_history_rewriting_agent_records_a_drift_event(service, agent_llm, qwen3
     assert len(trajectory["segments"]) == 2 and trajectory["drift_events"] == [event]
     check_ids_are_what_the_backend_saw(trajectory, agent_llm.log())
     check = tokens_check(tmp_path, result, qwen3_tokenizer)
-    assert check.returncode == 1 and "segment 1" in check.stdout and "rewritten" in check.stdout
+    assert check.returncode == 1 and "sample 1 started at call 3" in check.stdout
+    assert "rewritten" in check.stdout and "drift: 1 event(s)" in check.stdout and ", 2 samples" in check.stdout
 
 
 def test_qwen3_think_conversation_records_a_drift_event(service, agent_llm, qwen3_tokenizer, tmp_path):

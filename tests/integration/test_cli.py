@@ -122,6 +122,36 @@ def test_tokens_check_command(tmp_path, llama3_tokenizer):
     assert run.returncode == 1 and "drift at id" in run.stdout
 
 
+def test_tokens_check_counts_the_trajectorys_own_samples(tmp_path, llama3_tokenizer):
+    """Issue 37: a main agent, its sub-agent and a small model's title call are three samples,
+    and the check said "in 1 segment" for them."""
+    from prorl_celery.llm.tokenizer import load_tokenizer
+    chat = load_tokenizer(llama3_tokenizer)
+
+    def sample(index: int, origin: str, ask: str, reply: str) -> dict:
+        messages = [{"role": "user", "content": ask}]
+        response = chat.encode(reply) + [chat.eot_id]
+        return {"sample": index, "origin": origin, "prompt_ids": chat.prompt_ids(messages),
+                "response_ids": response, "response_mask": [1] * len(response),
+                "messages": messages + [{"role": "assistant", "content": reply}]}
+    samples = [sample(0, "main", "hi", "hello"), sample(1, "subagent", "count to two", "one two"),
+               sample(2, "auxiliary", "a title for: hi", "Greeting")]
+    trajectory = {**samples[0], "num_turns": 3, "primary_sample": 0, "samples": samples, "segments": samples,
+                  "drift_events": [], "drifted_tokens": 0}
+    endpoint = {"calls": 3, "segments": 3, "samples": [{"sample": s["sample"], "origin": s["origin"]} for s in samples],
+                "drift_events": []}
+    for name, document in (("result", {"trajectory": trajectory, "endpoint": endpoint}), ("trajectory", trajectory)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document))
+        run = subprocess.run([*PRORL, "tokens", "check", str(path), "--tokenizer", llama3_tokenizer],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        head, *lines = run.stdout.splitlines()
+        assert head.startswith(f"0 drift: 3 calls in {len(trajectory['samples'])} samples"), (name, run.stdout)
+        listed = [line.split(":")[0].strip() for line in lines if line.startswith("  sample ")]
+        assert listed == ["sample 0 (main)", "sample 1 (subagent)", "sample 2 (auxiliary)"], (name, run.stdout)
+        assert "re-rendering the primary sample's messages as text: match" in run.stdout, run.stdout
+
 def test_submit_posts_a_data_set_and_summarises(tmp_path, gateway, llm_servers):
     server = llm_servers[0]
     server.reset()
