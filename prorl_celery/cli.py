@@ -393,7 +393,8 @@ def demo(ctx: click.Context, jobs: int, **options) -> None:
 @click.option("--gateway", "gateways", multiple=True, default=["http://127.0.0.1:8080"], show_default=True,
               help="gateway URL (repeat for several)")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="results JSONL (default: DATA with .results.jsonl)")
+              help="results JSONL: a line per job that ended, failed ones too; no file when none ended "
+                   "(default: DATA with .results.jsonl)")
 @click.option("--samples", default=1, show_default=True, help="rollouts per row")
 @click.option("--max-tokens", type=int, default=None, help="sampling_params.max_tokens")
 @click.option("--temperature", type=float, default=None, help="sampling_params.temperature")
@@ -403,7 +404,11 @@ def demo(ctx: click.Context, jobs: int, **options) -> None:
 def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, samples: int,
            max_tokens: int | None, temperature: float | None, timeout_s: float | None, run_id: str | None,
            token: str | None) -> None:
-    """Post every row of DATA (JSONL or Parquet) as jobs; write results and print a summary."""
+    """Post every row of DATA (JSONL or Parquet) as jobs; write results and print a summary.
+
+    The results file has one line per job that ended: its record, with its status, outcome and
+    error when it failed. A job that did not end has no line; a run that ended none (refused,
+    interrupted) writes no file and leaves an earlier one at that path untouched."""
     _check_gateways(gateways)
     import uuid
 
@@ -416,8 +421,8 @@ def submit(data: Path, task: str, gateways: tuple[str, ...], out: Path | None, s
     out = out or data.with_suffix(".results.jsonl")
     click.echo(f"run {run_id}: {len(requests)} jobs of task {task!r} -> {out}", err=True)
     try:
-        with RolloutClient(list(gateways), token=token) as client, out.open("w") as sink:
-            results = submit_file(client, requests, sink)
+        with RolloutClient(list(gateways), token=token) as client:
+            results = submit_file(client, requests, out)
     except ProrlError as error:
         raise _refused(error, ", ".join(gateways), f"resume with --run-id {run_id}") from error
     click.echo(summary(results))

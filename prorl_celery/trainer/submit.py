@@ -7,6 +7,7 @@ duplicating work.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import statistics
@@ -47,15 +48,26 @@ def job_requests(path: Path, task: str, samples: int, sampling: dict[str, Any],
     return requests
 
 
-def submit_file(client: RolloutClient, requests: list[JobRequest], out: TextIO) -> list[dict[str, Any]]:
-    """Submit every job, write each result as one JSONL line as it completes, return them."""
+def submit_file(client: RolloutClient, requests: list[JobRequest], out: Path) -> list[dict[str, Any]]:
+    """Submit every job, write each ended job's record to ``out`` as one JSONL line as it ends,
+    return them.
+
+    Every job that ended has its line, a failed one too (its ``status``, ``outcome`` and
+    ``error``); a job that did not end (the command was interrupted or refused) has none. ``out``
+    is opened at the first ended job, so a submit that ends before any leaves no empty file, and
+    the file of an earlier run of that path as it was (issue 37: a refused submit left an empty
+    results file, which read as "every job gave nothing").
+    """
     ids = client.submit_many(requests)
     results, invalid = [], 0
-    with tqdm(total=len(ids), desc="rollouts", unit="job") as progress:
+    with contextlib.ExitStack() as files, tqdm(total=len(ids), desc="rollouts", unit="job") as progress:
+        sink: TextIO | None = None
         for result in client.as_completed(ids):
+            if sink is None:
+                sink = files.enter_context(out.open("w"))
             results.append(result)
             invalid += reward_of(result) is None
-            out.write(json.dumps(result) + "\n")
+            sink.write(json.dumps(result) + "\n")
             progress.update(1)
             progress.set_postfix(no_reward=invalid, in_flight=len(ids) - len(results))
     return results

@@ -122,6 +122,7 @@ def test_tokens_check_command(tmp_path, llama3_tokenizer):
     assert run.returncode == 1 and "drift at id" in run.stdout
 
 
+
 def test_tokens_check_counts_the_trajectorys_own_samples(tmp_path, llama3_tokenizer):
     """Issue 37: a main agent, its sub-agent and a small model's title call are three samples,
     and the check said "in 1 segment" for them."""
@@ -175,6 +176,22 @@ def test_submit_posts_a_data_set_and_summarises(tmp_path, gateway, llm_servers):
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0
     assert len(server.log()) == calls  # the resumed run reused every job: no new backend call
+
+
+
+def test_a_refused_submit_leaves_no_results_file(tmp_path, gateway):
+    """Issue 37: the results file was opened before the jobs were posted, so a refused submit
+    left an empty one (read as "every job gave nothing"), or emptied an earlier run's."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"problem": "What is 2 + 3?", "answer": "5"}) + "\n")
+    command = [*PRORL, "submit", str(data), "--task", "nosuch", "--gateway", gateway.cluster.gateway_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "--task" in run.stderr.strip().splitlines()[-1], run.stderr
+    assert not (tmp_path / "rows.results.jsonl").exists()
+    earlier = tmp_path / "earlier.jsonl"
+    earlier.write_text('{"job_id": "an earlier run\'s"}\n')
+    run = subprocess.run([*command, "--out", str(earlier)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and earlier.read_text() == '{"job_id": "an earlier run\'s"}\n'
 
 
 def test_up_refuses_a_taken_port_at_once():
