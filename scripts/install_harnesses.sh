@@ -13,12 +13,15 @@
 #   PRORL_HARNESSES     which ones (default "claude-code codex opencode")
 #
 # Layout: $PRORL_HARNESS_DIR/<name>/node_modules/.bin/<bin>; the handler finds them there
-# (prorl_celery/handlers/agent_harness/install.py). Prints the directory on the last line.
+# (handlers/agent_program/harnesses.py: harness_dir() and each Harness's bin). Prints the
+# directory on the last line. What each harness is configured with: docs/agents.md, section
+# "Claude Code, Codex and OpenCode".
 set -euo pipefail
 dir="${PRORL_HARNESS_DIR:-$HOME/.cache/prorl-celery/harnesses}"
 want="${PRORL_HARNESSES:-claude-code codex opencode}"
 
-# name package version: the pins the integration tests were run with (docs/harnesses.md)
+# name package version: the pins tests/integration/test_harnesses.py ran; the same as each
+# Harness of handlers/agent_program/harnesses.py (tests/unit/test_scripts.py checks both agree)
 pins=(
   "claude-code @anthropic-ai/claude-code 2.1.332"
   "codex @openai/codex 0.171.0"
