@@ -443,7 +443,8 @@ async def _run(services: Services, handler: AgentHandler, job: JobContext, recor
             session = open_session(services, job, assignment, journal)
             await bounded(job, cancelled, session.fit_backend_context())
         if sandbox:
-            services.sandboxes.adopt(sandbox)
+            # off the loop: during a failover its retries would stall every job this process runs
+            await asyncio.to_thread(services.sandboxes.adopt, sandbox)
         await _run_handler(services, handler, job, session, sandbox, cancelled)
         if record.origin and session is not None and session.journal is not None:
             report = origin_report(session.journal, record.origin)
@@ -534,7 +535,8 @@ async def _fresh_start(services: Services, handler: AgentHandler, job: JobContex
     fresh = None
     if request is not None:
         fresh = await bounded(job, cancelled, services.sandboxes.start(job.job_id, request))
-        services.store.update(job.job_id, {"sandbox": fresh}, status=JobStatus.RUN, attempt=job.attempt)
+        await asyncio.to_thread(services.store.update, job.job_id, {"sandbox": fresh}, status=JobStatus.RUN,
+                                attempt=job.attempt)
     async with tool_client(fresh) as job.sandbox:
         job.init_result = await bounded(job, cancelled, handler.init(job))
     return fresh

@@ -291,6 +291,9 @@ class Runtime(ABC):
         if leased and self.allocator is not None:
             spec = spec.model_copy(update={"address": self.allocator.allocate(sandbox_id)})
         attempt = _Attempt()
+        # before the fork: a worker killed while forking leaves a root that no record names yet;
+        # this one lets the untracked reaper find it by its log (stopping.untracked)
+        write_local_record(self._attempt_record(attempt, spec, sandbox_dir, leased, sandbox_id))
 
         def spawned(popen: subprocess.Popen) -> None:
             attempt.popen, attempt.root = popen, _ref(popen.pid)

@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -95,6 +96,22 @@ def scan() -> list[ProcInfo]:
         if name.isdigit() and (info := read_stat(int(name))) is not None:
             infos.append(info)
     return infos
+
+
+def writing_to(path: Path) -> list[ProcInfo]:
+    """The processes whose standard output or error is the file ``path``: a sandbox's, found
+    by its log when no record names its root (see :func:`.stopping.untracked`)."""
+    target = os.path.realpath(path)
+    found = []
+    for info in scan():
+        for fd in (1, 2):
+            try:
+                if os.readlink(f"/proc/{info.pid}/fd/{fd}") == target:
+                    found.append(info)
+                    break
+            except OSError:
+                continue
+    return found
 
 
 #: how old a shared snapshot may be when polling (see :func:`snapshot`)

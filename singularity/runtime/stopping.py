@@ -136,7 +136,21 @@ def untracked(state_root: Path, tracked: Callable[[], set[str]], older_than: flo
         except (OSError, ValueError):
             continue
     listed = tracked()
-    return [record for record in found if record.sandbox_id not in listed and record.started_at < older_than]
+    return [_with_root(record) for record in found
+            if record.sandbox_id not in listed and record.started_at < older_than]
+
+
+def _with_root(record: SandboxRecord) -> SandboxRecord:
+    """``record``, its root process found by the sandbox's log when the record was written
+    before the start (its worker died while the root was being forked: nothing else names it).
+    The runtimes start the root in a session of its own, with its output to ``server.log``."""
+    if record.root is not None or record.refs or not record.state_dir:
+        return record
+    writers = procfs.writing_to(Path(record.state_dir) / "server.log")
+    root = next((info for info in writers if info.session == info.pid), None)
+    return record.model_copy(update={
+        "root": ProcessRef(pid=root.pid, start_time=root.start_time) if root else None,
+        "refs": [ProcessRef(pid=info.pid, start_time=info.start_time) for info in writers]})
 
 
 #: is a sandbox whose owner process is gone still held by its job? (the caller's answer)

@@ -38,6 +38,7 @@ from singularity.runtime import (
     reap,
     retry_delay,
 )
+from singularity.runtime.stopping import teardown, untracked
 from tests.support.sandboxes import FirstStopFails, stalled_bwrap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -395,6 +396,63 @@ def test_killed_owner_is_reaped(env, die_with_parent):
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
+
+
+FORK_KILLED_WORKER = """\
+import asyncio, os, signal, subprocess, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from singularity.runtime import BubblewrapRuntime, ProcessRuntime, SandboxSpec
+from singularity.runtime import base
+kind, tmp = sys.argv[1], Path(sys.argv[2])
+real = subprocess.Popen
+class PopenThenDie(real):  # the worker is SIGKILLed the moment its root exists, before spawned()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        time.sleep(0.3)  # bubblewrap has cloned its namespace's init by then
+        os.kill(os.getpid(), signal.SIGKILL)
+subprocess.Popen = PopenThenDie
+runtime = (BubblewrapRuntime if kind.startswith("bubblewrap") else ProcessRuntime)(
+    state_dir=tmp / "state", node={node!r}, worker="forking-worker")
+asyncio.run(runtime.start(SandboxSpec(image=sys.argv[3], workspace=tmp / "ws", job_id="forked")))
+"""
+
+
+def test_a_worker_killed_while_forking_the_root_leaves_a_sandbox_the_reaper_finds(env):
+    """The window chaos seed 7 hit: the root forked, its worker SIGKILLed before any record
+    named it. The record written before the fork lets the untracked reaper find it by its log."""
+    if env.kind == "apptainer":
+        pytest.skip("the worker script drives bubblewrap and process runtimes")
+    script = env.tmp / "forking.py"
+    script.write_text(FORK_KILLED_WORKER.format(root=str(ROOT), node=NODE))
+    # bubblewrap's outer process dies with its parent; its namespace's init outlives it, stalled,
+    # in most tries (in the rest it dies too, and nothing is left to find): up to 8 tries
+    for attempt in range(8):
+        state = env.tmp / f"state-{attempt}"
+        worker = subprocess.Popen([sys.executable, str(script), env.kind, str(state), env.image],
+                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        root_pid = int(worker.stdout.readline())
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+        [log] = state.glob("state/*/server.log")
+        if procfs.wait_until(lambda log=log: bool(procfs.writing_to(log)), 2):
+            break
+    else:
+        pytest.fail("in 8 tries, nothing of the sandbox outlived its killed worker")
+    survivors = [ProcessRef(pid=info.pid, start_time=info.start_time) for info in procfs.writing_to(log)]
+    try:
+        [record] = untracked(state / "state", set, older_than=time.time() + 1)
+        assert record.job_id == "forked" and set(survivors) <= {*record.refs, record.root}
+        report = teardown(record, grace_s=1.0)
+        assert report.left == [] and {ref.pid for ref in survivors} <= set(report.killed)
+        assert procfs.wait_until(lambda: not any(procfs.is_alive(ref) for ref in survivors), 10)
+        assert untracked(state / "state", set, older_than=time.time() + 1) == []
+    finally:
+        for ref in survivors:
+            if procfs.is_alive(ref):
+                os.kill(ref.pid, signal.SIGKILL)
+        if procfs.read_stat(root_pid) is not None:
+            os.killpg(root_pid, signal.SIGKILL)
 
 
 def test_reaper_leaves_live_owners_alone(env):
