@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
+from handlers.volatile import VolatileField
 from prorl_celery.core.status import Stage
 from singularity.requirements import Requirement
 
@@ -88,6 +89,10 @@ class EndpointRequest:
     #: model names the harness was configured to use for a small fast model (titles, summaries):
     #: their calls are ``auxiliary`` samples (``prorl_celery/llm/samples.py``)
     auxiliary_models: tuple[str, ...] = ()
+    #: fields the program's own tools make different on every run (a fresh id, a duration): a
+    #: resume compares its replayed observations with the journaled ones past these fields only
+    #: (``handlers.volatile``); empty, every character is compared
+    volatile_fields: tuple[VolatileField, ...] = ()
 
 
 @runtime_checkable

@@ -108,7 +108,8 @@ class AgentProgramHandler(AgentHandler[ChatLLM]):
         """The program's LLM: the job's endpoint, named by the instance's ``model``."""
         instance: AgentInstance = self.instance_of(job)
         small = (small_model(instance),) if instance.harness is not None else ()
-        return EndpointRequest(model=instance.model, max_calls=self._max_calls(job, instance), auxiliary_models=small)
+        return EndpointRequest(model=instance.model, max_calls=self._max_calls(job, instance), auxiliary_models=small,
+                               volatile_fields=instance.volatile_fields)
 
     async def run(self, job: JobContext, llm: ChatLLM) -> dict[str, Any]:
         """Run the program against ``job.endpoint`` (its calls go through ``llm``, the job's

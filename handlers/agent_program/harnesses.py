@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from handlers.volatile import VolatileField
 from singularity.requirements import Requirement, program
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class Harness:
     executable: str  # inside the install directory
     title: str
     needs_node: bool = False
+    #: fields its own tools make different on every run (``handlers.volatile``): a resume's
+    #: observation check looks past them (and only them)
+    volatile: tuple[VolatileField, ...] = ()
 
     def host_dir(self) -> Path:
         return harness_dir() / self.name
@@ -81,8 +85,25 @@ class Harness:
         return (str(self.host_dir()), f"{MOUNT}/{self.name}")
 
 
+#: Codex's exec_command/write_stdin output opens with a header (codex-rs unified exec's
+#: ``response_text``: ``Chunk ID: {6 hex digits}``, ``Wall time: {secs:.4} seconds``, then the
+#: exit code, ``Output:`` and the output): a random chunk id and the measured time, new on every
+#: run, so no replayed observation could equal the journaled one. Only the values are replaced,
+#: on their own header lines. Not declared: ``Process running with session ID N`` (a command
+#: still running when Codex stopped waiting): the model's next ``write_stdin`` names that id, so
+#: a replay past it could not go on alike anyway.
+CODEX_VOLATILE = (
+    VolatileField("codex_chunk_id", r"(?<=^Chunk ID: )[0-9a-f]{6}$"),
+    VolatileField("codex_wall_time", r"(?<=^Wall time: )[0-9]+\.[0-9]{4}(?= seconds$)"),
+)
+#: Claude Code's and OpenCode's tools (Bash, Read, Edit, Write, Grep, Glob; bash, read, edit,
+#: write, grep, glob) answer with the command's output or the file's text and nothing of their
+#: own that changes between runs (no id, no timing): they declare nothing, so every character of
+#: their observations is compared (measured: their resumes after a SIGKILL replay every turn,
+#: ``tests/integration/test_harness_resume.py``)
 CLAUDE_CODE = Harness("claude-code", "@anthropic-ai/claude-code", "2.1.332", "node_modules/.bin/claude", "Claude Code")
-CODEX = Harness("codex", "@openai/codex", "0.171.0", "node_modules/.bin/codex", "Codex", needs_node=True)
+CODEX = Harness("codex", "@openai/codex", "0.171.0", "node_modules/.bin/codex", "Codex", needs_node=True,
+                volatile=CODEX_VOLATILE)
 OPENCODE = Harness("opencode", "opencode-ai", "1.18.33", "node_modules/.bin/opencode", "OpenCode")
 HARNESSES = {h.name: h for h in (CLAUDE_CODE, CODEX, OPENCODE)}
 

@@ -28,6 +28,7 @@ from typing import Any
 from handlers.agent_program.harnesses import CONFIGURE, HARNESSES, Harness
 from handlers.swe.instances import SweInstance, load_instances
 from handlers.swe.instances import normalize_instance as normalize_swe
+from handlers.volatile import VolatileField
 
 DEFAULT_MAX_ITERATIONS = 30
 MAX_ITERATIONS_CAP = 500
@@ -100,6 +101,12 @@ class AgentInstance:
     def harness(self) -> Harness | None:
         """The npm harness the instance names (Claude Code, Codex, OpenCode), if any."""
         return HARNESSES.get(self.agent or "")
+
+    @property
+    def volatile_fields(self) -> tuple[VolatileField, ...]:
+        """What the program's own tools make different on every run: its harness's declaration
+        (none for mini-swe-agent or a command of the job's own: every character is compared)."""
+        return self.harness.volatile if self.harness is not None else ()
 
     def harness_files(self) -> dict[str, str]:
         """The harness's configuration files (absolute paths in the sandbox) and their text."""

@@ -25,6 +25,14 @@ instead of the backend (``next_generation``), so no journaled token is generated
 difference is a :class:`~prorl_celery.core.errors.ReplayDiverged` when ``strict`` (a resume, a
 fork: RUN restarts from turn zero) and a recorded :class:`Difference` otherwise (``prorl replay``,
 which also never goes live: a turn past the journal is a difference that ends the replay).
+
+An observation is compared text and token ids. The handler may name fields its program's own
+tools make different on every run (``volatile``: Codex's chunk id and wall time,
+``handlers.volatile``): when the texts differ only there (equal once each field's matches are
+replaced by its placeholder), the observation counts as the same (``normalised`` counts them)
+and the replay goes on with this run's text and ids in the conversation, so the trajectory holds
+exactly what the model is sent now. Equal texts with other ids, or any other difference, still
+differ.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.volatile import VolatileField, normalise
 from prorl_celery.core.errors import BackendError, JournalFenced, ReplayDiverged
 from prorl_celery.llm.backends import Completion
 from prorl_celery.state.journal import Append, Appended, encode_event
@@ -99,6 +108,9 @@ class TurnJournal:
     differences: list[Difference] = field(default_factory=list)
     different: int = 0  # all of them, kept or not
     checked: int = 0  # observations compared with the journal
+    #: fields the program's own tools make different on every run, looked past when comparing
+    volatile: tuple[VolatileField, ...] = ()
+    normalised: int = 0  # observations equal to the journal's only once ``volatile`` was replaced
     stopped: str | None = None  # why this stage journals no more (full, order)
     #: the difference that ended a strict replay (kept too when a handler swallowed the error:
     #: an agent program's endpoint call that failed)
@@ -171,8 +183,11 @@ class TurnJournal:
         expected = self._expect("obs")
         if expected is not None:
             self.checked += 1
-            if expected["ids"] != ids or _texts(expected["messages"]) != _texts(messages):
-                self._differ("observation", _texts(expected["messages"]), _texts(messages))
+            then, now = _texts(expected["messages"]), _texts(messages)
+            if then != now and self._alike(then, now):
+                self.normalised += 1  # its ids are this run's: the text the model is sent now
+            elif then != now or expected["ids"] != ids:
+                self._differ("observation", then, now)
         self._record(event, expected)
 
     def on_segment(self, drift: dict[str, Any]) -> None:
@@ -227,6 +242,12 @@ class TurnJournal:
             return None  # lenient: this step is new, the journal's stays next
         self.cursor += 1
         return event
+
+    def _alike(self, then: list[str], now: list[str]) -> bool:
+        """Equal once the declared volatile fields are replaced (never, with none declared)."""
+        if not self.volatile or len(then) != len(now):
+            return False
+        return all(normalise(a, self.volatile) == normalise(b, self.volatile) for a, b in zip(then, now))
 
     def _record(self, event: dict[str, Any], replayed: dict[str, Any] | None) -> None:
         if replayed is not None and self.replay_own:

@@ -162,7 +162,9 @@ class TokenSession:
             replayed = self.journal.next_generation()
         if replayed is not None:  # journaled: never generated twice
             completion = Completion(list(replayed["ids"]), list(replayed["lp"]), replayed["fin"])
-            turn = dict(replayed["rec"])
+            # where the turn sits is this run's: an observation equal to the journal's only past
+            # its volatile fields may have another token count (with none, these are the same)
+            turn = {**replayed["rec"], "context_len": len(context), "output_start": len(sample.response_ids)}
         else:
             version_before = await self._policy_version()
             completion = await self.backend.complete(context, params)
