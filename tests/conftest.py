@@ -29,6 +29,13 @@ def qwen3_tokenizer() -> str:
 
 
 @pytest.fixture(scope="session")
+def qwen3_hf_tokenizer(qwen3_tokenizer):
+    """The Qwen3 fixture tokenizer loaded by transformers: tests decode a server's prompts with it."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(qwen3_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def llama3_tokenizer() -> str:
     from prorl_celery.dev.devmodels import ensure_tokenizer
     return str(ensure_tokenizer("llama3"))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -34,11 +33,17 @@ from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster
 from prorl_celery.state import keys
 from prorl_celery.trainer import RolloutClient
-from tests.support.services import Gateway, LLMServer, eventually, rules_file, start_llm_server
+from tests.support.services import (
+    Gateway,
+    LLMServer,
+    eventually,
+    kill_run_worker,
+    killable_cluster,
+    scripted_llm,
+)
 
 TURNS = 8  # the math family's cap on max_iterations
 ANSWER = str(2 ** (TURNS - 1) - 1)  # x after TURNS - 2 steps of x = 2 * x + 1 from 1
-LEASE_S = 3.0
 # kept out of the default run's 10 minutes (CI's extended phase runs it every time)
 pytestmark = [pytest.mark.extended,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -60,34 +65,24 @@ CLOCK = [python_call("print(1)"), python_call("print(2)"), python_call("import t
 @pytest.fixture(scope="module")
 def llm(qwen3_tokenizer, tmp_path_factory) -> LLMServer:
     """A scripted server whose replies take 0.4 s each, so a kill lands mid-rollout."""
-    rules = rules_file([{"match": "RESUME-STATEFUL", "scope": "prompt", "replies": STATEFUL, "delay_s": 0.4},
-                        {"match": "RESUME-CLOCK", "scope": "prompt", "replies": CLOCK, "delay_s": 0.4}])
-    server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("resume-llm"), "resume", rules=rules)
-    yield server
-    server.process.stop()
+    rules = [{"match": "RESUME-STATEFUL", "scope": "prompt", "replies": STATEFUL, "delay_s": 0.4},
+             {"match": "RESUME-CLOCK", "scope": "prompt", "replies": CLOCK, "delay_s": 0.4}]
+    with scripted_llm(qwen3_tokenizer, tmp_path_factory, "resume-llm", rules) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def second_llm(qwen3_tokenizer, tmp_path_factory) -> LLMServer:
     """Another backend with the same rules: forks must not be routed to it."""
-    rules = rules_file([{"match": "RESUME", "scope": "prompt", "replies": STATEFUL}])
-    server = start_llm_server(qwen3_tokenizer, tmp_path_factory.mktemp("resume-llm2"), "resume2", rules=rules)
-    yield server
-    server.process.stop()
+    with scripted_llm(qwen3_tokenizer, tmp_path_factory, "resume-llm2",
+                      [{"match": "RESUME", "scope": "prompt", "replies": STATEFUL}]) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def cluster(qwen3_tokenizer, llm, tmp_path_factory) -> LocalCluster:
-    node, sandbox_dir = f"resume-{os.getpid()}", tmp_path_factory.mktemp("sbx")
-    env = {"PRORL_NODE": node, "PRORL_SANDBOX_DIR": str(sandbox_dir), "PRORL_RUNTIME": "bubblewrap",
-           "PRORL_LEASE_S": str(LEASE_S), "PRORL_REAPER_INTERVAL_S": "0.5", "PRORL_VISIBILITY_TIMEOUT_S": "10",
-           "PRORL_SHUTDOWN_GRACE_S": "1", "PRORL_BACKEND_WAIT_POLL_S": "0.1"}
-    local = LocalCluster(redis_url=None, tokenizer=qwen3_tokenizer, gateway_workers=1, env=env,
-                         concurrency={Stage.INIT: 4, Stage.RUN: 8, Stage.EVAL: 2},
-                         log_dir=tmp_path_factory.mktemp("resume-cluster"))
-    with local:
-        with Gateway(local) as client:
-            assert client.post("/add_llm_server", json={"address": llm.address()}).status_code == 200
+    with killable_cluster("resume", qwen3_tokenizer, llm, tmp_path_factory,
+                          {Stage.INIT: 4, Stage.RUN: 8, Stage.EVAL: 2}) as local:
         yield local
 
 
@@ -101,30 +96,16 @@ def requests_of(llm: LLMServer, tag: str, n: int, tokenizer) -> list[dict]:
     return [r for r in llm.log() if marker in tokenizer.decode(r["prompt_ids"])]
 
 
-def kill_run_worker(cluster: LocalCluster) -> None:
-    victim = next(p for p in cluster.processes if p.name.startswith(Stage.RUN.value + "-"))
-    os.kill(victim.popen.pid, signal.SIGKILL)
-    victim.popen.wait(30)
-    cluster.processes.remove(victim)
-    cluster.start_worker(Stage.RUN, 8)
-
-
 def turns_served(llm: LLMServer, tag: str, n: int, tokenizer) -> int:
     return len([r for r in requests_of(llm, tag, n, tokenizer) if r["finished"]])
 
 
-@pytest.fixture(scope="module")
-def tokenizer(qwen3_tokenizer):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(qwen3_tokenizer)
-
-
-def test_a_killed_run_worker_resumes_each_rollout_at_its_last_journaled_turn(cluster, llm, tokenizer):
+def test_a_killed_run_worker_resumes_each_rollout_at_its_last_journaled_turn(cluster, llm, qwen3_hf_tokenizer):
     llm.reset()
     state = redis.Redis.from_url(cluster.state_url, decode_responses=True)
     with Gateway(cluster) as gateway:
         jobs = [gateway.submit(math_job("RESUME-STATEFUL", n), max_attempts=2) for n in range(4)]
-        eventually(lambda: all(turns_served(llm, "RESUME-STATEFUL", n, tokenizer) >= TURNS // 2 - 1
+        eventually(lambda: all(turns_served(llm, "RESUME-STATEFUL", n, qwen3_hf_tokenizer) >= TURNS // 2 - 1
                                for n in range(4)), 120, "every job about halfway")
         kill_run_worker(cluster)
         results = [gateway.result(job_id, wait=120) for job_id in jobs]
@@ -138,7 +119,7 @@ def test_a_killed_run_worker_resumes_each_rollout_at_its_last_journaled_turn(clu
         observations = [m["content"] for m in trajectory["messages"] if m["role"] == "tool"]
         assert observations[-1].strip().endswith(ANSWER), observations  # the state was rebuilt by replay
 
-        served = requests_of(llm, "RESUME-STATEFUL", n, tokenizer)
+        served = requests_of(llm, "RESUME-STATEFUL", n, qwen3_hf_tokenizer)
         by_prompt = {tuple(r["prompt_ids"]): r for r in served if r["finished"] and not r["aborted"]}
         context = trajectory["prompt_ids"] + trajectory["response_ids"]
         for turn in trajectory["turns"]:  # each model turn is exactly what the server generated
@@ -155,11 +136,11 @@ def test_a_killed_run_worker_resumes_each_rollout_at_its_last_journaled_turn(clu
 
 
 @pytest.mark.extended  # ~25 s: a whole rollout twice over, after the kill
-def test_an_observation_that_differs_on_replay_restarts_from_turn_zero(cluster, llm, tokenizer):
+def test_an_observation_that_differs_on_replay_restarts_from_turn_zero(cluster, llm, qwen3_hf_tokenizer):
     llm.reset()
     with Gateway(cluster) as gateway:
         job_id = gateway.submit(math_job("RESUME-CLOCK", 0), max_attempts=2)
-        eventually(lambda: turns_served(llm, "RESUME-CLOCK", 0, tokenizer) >= 5, 120, "the job past turn 4")
+        eventually(lambda: turns_served(llm, "RESUME-CLOCK", 0, qwen3_hf_tokenizer) >= 5, 120, "the job past turn 4")
         kill_run_worker(cluster)
         result = gateway.result(job_id, wait=120)
     assert (result["status"], result["attempt"]) == ("completed", 2), result["error"]
@@ -177,7 +158,7 @@ def finished_job(gateway: Gateway, tag: str, n: int) -> dict:
     return result
 
 
-def test_replay_reproduces_every_observation_and_the_reward_without_asking_the_model(cluster, llm, tokenizer):
+def test_replay_reproduces_every_observation_and_the_reward_without_asking_the_model(cluster, llm, qwen3_hf_tokenizer):
     llm.reset()
     with Gateway(cluster) as gateway:
         source = finished_job(gateway, "RESUME-STATEFUL", 10)
@@ -196,7 +177,7 @@ def test_replay_reproduces_every_observation_and_the_reward_without_asking_the_m
 
 
 @pytest.mark.extended  # kept out of the default run's 10 minutes; CI's extended phase runs it
-def test_replay_names_the_observation_that_differs_and_the_cli_says_so(cluster, llm, tokenizer):
+def test_replay_names_the_observation_that_differs_and_the_cli_says_so(cluster, llm, qwen3_hf_tokenizer):
     llm.reset()
     with Gateway(cluster) as gateway:
         source = finished_job(gateway, "RESUME-CLOCK", 11)
@@ -222,12 +203,12 @@ def test_replay_names_the_observation_that_differs_and_the_cli_says_so(cluster, 
     assert "no job with id 'no-such-job'" in unknown.stderr
 
 
-def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm, second_llm, tokenizer):
+def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm, second_llm, qwen3_hf_tokenizer):
     llm.reset()
     k, n = 3, 3
     with Gateway(cluster) as gateway:
         source = finished_job(gateway, "RESUME-STATEFUL", 13)
-        served_source = len(requests_of(llm, "RESUME-STATEFUL", 13, tokenizer))
+        served_source = len(requests_of(llm, "RESUME-STATEFUL", 13, qwen3_hf_tokenizer))
         # an idle backend: the least-assigned routing would send the forks there
         assert gateway.post("/add_llm_server", json={"address": second_llm.address()}).status_code == 200
         try:
@@ -251,10 +232,10 @@ def test_forks_share_the_first_turns_and_never_generate_them_again(cluster, llm,
         assert ids[:shared] == source_ids[:shared]
         assert fork["trajectory"]["turns"][:k] == source_turns[:k]
     # each fork asked the model only for its own turns, k + 1 .. TURNS
-    assert len(requests_of(llm, "RESUME-STATEFUL", 13, tokenizer)) == TURNS + n * (TURNS - k)
+    assert len(requests_of(llm, "RESUME-STATEFUL", 13, qwen3_hf_tokenizer)) == TURNS + n * (TURNS - k)
 
 
-def test_a_fork_whose_shared_observation_differs_starts_again_and_shares_nothing(cluster, llm, tokenizer):
+def test_a_fork_whose_shared_observation_differs_starts_again_and_shares_nothing(cluster, llm, qwen3_hf_tokenizer):
     """A fork at turn 5 of the job whose tool prints the time meets a different observation
     after turn 3: it starts again from turn zero, and its report says it shares nothing (a
     trainer masks a fork's shared turns by that count: prorl_celery.trainer.samples)."""
@@ -268,4 +249,4 @@ def test_a_fork_whose_shared_observation_differs_starts_again_and_shares_nothing
     assert fork["resume"]["restarted"] is True and fork["resume"]["diverged_at_turn"] == 3, fork["resume"]
     assert fork["fork"]["shared_turns"] == 0 and fork["fork"]["shared_tokens"] == 0, fork["fork"]
     assert fork["fork"]["restarted"] is True and fork["trajectory"]["num_turns"] == TURNS
-    assert len(requests_of(llm, "RESUME-CLOCK", 14, tokenizer)) == 2 * TURNS  # every turn generated again
+    assert len(requests_of(llm, "RESUME-CLOCK", 14, qwen3_hf_tokenizer)) == 2 * TURNS  # every turn generated again

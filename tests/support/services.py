@@ -3,7 +3,9 @@ small waiting and rules-file utilities. Fixtures that start processes live in te
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from prorl_celery.core.status import Stage
 from prorl_celery.dev.local import LocalCluster, ManagedProcess, free_port, wait_until
 from prorl_celery.state.connection import get_redis
 from prorl_celery.state.store import JobStore
@@ -60,6 +63,17 @@ def start_llm_server(tokenizer: str, log_dir: Path, name: str, rules: Path = RUL
     if wait:
         server.wait_ready()
     return server
+
+
+@contextmanager
+def scripted_llm(tokenizer: str, tmp_path_factory: pytest.TempPathFactory, name: str,
+                 rules: list[dict]) -> Iterator[LLMServer]:
+    """A scripted LLM server answering by ``rules`` (``engines.Rule``) until the block ends."""
+    server = start_llm_server(tokenizer, tmp_path_factory.mktemp(name), name, rules=rules_file(rules))
+    try:
+        yield server
+    finally:
+        server.process.stop()
 
 
 class Gateway(httpx.Client):
@@ -190,3 +204,30 @@ def start_redis(log_dir: Path, name: str = "redis", *extra_args: str) -> tuple[s
     url = f"redis://127.0.0.1:{port}"
     wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server", handle)
     return url, handle
+
+
+def kill_run_worker(cluster: LocalCluster, concurrency: int = 8) -> None:
+    """SIGKILL the cluster's RUN worker (its stages' leases then expire: the reaper retries their
+    jobs), and start another in its place."""
+    victim = next(p for p in cluster.processes if p.name.startswith(Stage.RUN.value + "-"))
+    os.kill(victim.popen.pid, signal.SIGKILL)
+    victim.popen.wait(30)
+    cluster.processes.remove(victim)
+    cluster.start_worker(Stage.RUN, concurrency)
+
+
+@contextmanager
+def killable_cluster(name: str, tokenizer: str, llm: LLMServer, tmp_path_factory: pytest.TempPathFactory,
+                     concurrency: dict[Stage, int]) -> Iterator[LocalCluster]:
+    """A cluster of a test module's own, whose RUN worker the module kills: bubblewrap sandboxes,
+    a short lease and a fast reaper (a killed worker's jobs are retried within seconds), ``llm``
+    registered."""
+    env = {"PRORL_NODE": f"{name}-{os.getpid()}", "PRORL_SANDBOX_DIR": str(tmp_path_factory.mktemp("sbx")),
+           "PRORL_RUNTIME": "bubblewrap", "PRORL_LEASE_S": "3", "PRORL_REAPER_INTERVAL_S": "0.5",
+           "PRORL_VISIBILITY_TIMEOUT_S": "10", "PRORL_SHUTDOWN_GRACE_S": "1", "PRORL_BACKEND_WAIT_POLL_S": "0.1"}
+    local = LocalCluster(redis_url=None, tokenizer=tokenizer, gateway_workers=1, env=env, concurrency=concurrency,
+                         log_dir=tmp_path_factory.mktemp(f"{name}-cluster"))
+    with local:
+        with Gateway(local) as client:
+            assert client.post("/add_llm_server", json={"address": llm.address()}).status_code == 200
+        yield local
