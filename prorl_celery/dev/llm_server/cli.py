@@ -80,8 +80,8 @@ def build_engine(*, model: str | None, scripted: str | None, tokenizer: str | No
               help="serve a Hugging Face causal LM on CPU (torch); the tiny fixture model is "
                    "$(prorl fixtures path)/tiny-qwen2-qwen3-v1")
 @click.option("--scripted", metavar="RULES.json", type=click.Path(exists=True, dir_okay=False),
-              help='scripted replies: [{"match": regex, "replies": [...], "delay_s": 0, "seed_mod": [m, r]}];'
-                   ' [] = always random')
+              help='scripted replies: [{"match": regex, "replies": [...], "scope": "last_user"|"prompt", '
+                   '"delay_s": 0, "seed_mod": [m, r]}]; [] = always random (docs/testing.md)')
 @click.option("--tokenizer", metavar="DIR|qwen3|llama3",
               help="tokenizer directory or built-in fixture name (scripted default: qwen3)")
 @click.option("--host", default="127.0.0.1", show_default=True)
