@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -150,6 +151,18 @@ class Soak:
         self.llms = [LLM(f"llm-{i}", free_port(), self.root / f"llm-{i}.jsonl", tokenizer, self.root)
                      for i in range(2)]
         kinds = user_install_jobs().phase_one()
+        # as prorl up's own loop does: on a thread of its own, never held up by a submit that
+        # waits on the very Redis the supervision must bring back
+        done = threading.Event()
+
+        def supervise() -> None:
+            while not done.wait(0.2):
+                try:
+                    self.cluster.supervise()
+                except Exception as error:  # noqa: BLE001 - logged, the next round tries again
+                    self.log("supervise", f"failed: {error!r}")
+
+        supervision = threading.Thread(target=supervise, name="chaos-supervision", daemon=True)
         try:
             self.cluster.start()
             for llm in self.llms:
@@ -157,10 +170,10 @@ class Soak:
                 httpx.post(self.cluster.gateway_url + "/add_llm_server",
                            json={"address": llm.address}).raise_for_status()
             self.started = time.monotonic()
+            supervision.start()
             deadline = self.started + self.minutes * 60
             next_fault = self.started + self.rng.expovariate(1 / self.every_s)
             while time.monotonic() < deadline:
-                self.cluster.supervise()
                 self.keep_flowing(kinds)
                 if time.monotonic() >= next_fault:
                     self.inject(self.rng.choice(FAULTS))
@@ -170,11 +183,13 @@ class Soak:
             self.log("drain", f"no more jobs or faults; {self.drain_s:.0f} s for the rest to end")
             drain_deadline = time.monotonic() + self.drain_s
             while time.monotonic() < drain_deadline and len(self.ended) < len(self.accepted):
-                self.cluster.supervise()
                 self.collect()
                 time.sleep(1)
             return self.verdict()
         finally:
+            done.set()
+            if supervision.is_alive():
+                supervision.join(10)
             for llm in self.llms:
                 if llm.process is not None:
                     llm.process.stop()

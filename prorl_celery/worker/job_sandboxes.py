@@ -12,8 +12,8 @@ reaper tick: every failed stop whose retry is due, until it succeeds, and the sa
 owners that no job holds any more (:meth:`JobSandboxes.still_needed`, read from the job's
 record), and those a live owner was left with after its job let go of them
 (:meth:`JobSandboxes.released`: a RUN worker lost before it adopted the sandbox). An EVAL
-sandbox (job id ``<job>-eval``) is its EVAL worker's alone: no job record names it, so it is
-reaped once that worker is gone.
+sandbox (job id ``<job>-eval``) is its EVAL worker's: no job record names it, so it is reaped
+once that worker is gone, or once its job is no longer in EVAL (an EVAL whose stop failed).
 """
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ STOP_GRACE_S = 2.0
 UNTRACKED_AFTER_S = 30.0
 #: the statuses in which a job holds the sandbox its record names after INIT has handed it over
 HOLDING = frozenset({JobStatus.PENDING_RUN, JobStatus.RUN})
+#: an EVAL sandbox's job id is its job's with this suffix (no job record names the sandbox)
+EVAL_SANDBOX_SUFFIX = "-eval"
 #: the statuses in which INIT may be starting a sandbox for the job's current attempt
 STARTING = frozenset({JobStatus.PENDING_INIT, JobStatus.INIT})
 #: the job record's fields that say whether it holds a sandbox (one HMGET, not the whole record)
@@ -178,9 +180,9 @@ class JobSandboxes:
         listed was started before its job's record is read, so a record that names another
         sandbox has moved past this one."""
         records = self.ledger.list(self.node)
-        holders = self._holders({record.job_id for record in records})
-        return self._reap(lambda record: self._still_needed(record, holders.get(record.job_id)),
-                          released=lambda record: self._released(record, holders.get(record.job_id)),
+        holders = self._holders({job_of(record.job_id) for record in records})
+        return self._reap(lambda record: self._still_needed(record, holders.get(job_of(record.job_id))),
+                          released=lambda record: self._released(record, holders.get(job_of(record.job_id))),
                           records=records)
 
     def reap_untracked(self, min_age_s: float = UNTRACKED_AFTER_S) -> int:
@@ -234,7 +236,7 @@ class JobSandboxes:
         Every other sandbox is the reaper's: its job ended or is gone, was retried with another
         sandbox, or is still in ``init`` (its INIT died with the owner: the lease retries it
         with a new sandbox); an EVAL sandbox has no job record of its own."""
-        return self._still_needed(record, self._holder(record.job_id))
+        return self._still_needed(record, self._holder(job_of(record.job_id)))
 
     def released(self, record: SandboxRecord) -> bool:
         """Has the job let go of this sandbox, whose owner process lives?
@@ -248,7 +250,7 @@ class JobSandboxes:
         not alive on this node. Kept while the job is in ``pending_init`` or ``init`` (INIT may be
         starting it for the current attempt) and when no job record names the entry (a warm
         pool's own sandbox, an EVAL sandbox: their owners' alone)."""
-        return self._released(record, self._holder(record.job_id))
+        return self._released(record, self._holder(job_of(record.job_id)))
 
     def _still_needed(self, record: SandboxRecord, job: JobRecord | None) -> bool:
         if job is None or job.status not in HOLDING or (job.sandbox or {}).get("id") != record.sandbox_id:
@@ -258,6 +260,10 @@ class JobSandboxes:
         return True
 
     def _released(self, record: SandboxRecord, job: JobRecord | None) -> bool:
+        if record.job_id.endswith(EVAL_SANDBOX_SUFFIX):
+            # EVAL stops its own; one whose stop failed (Redis away longer than its retries) is
+            # let go of once its job is no longer in EVAL, or gone
+            return job is None or job.status is not JobStatus.EVAL
         if job is None or job.status in STARTING:
             return False
         if job.status.terminal:
@@ -287,6 +293,16 @@ class JobSandboxes:
         """Remove a job workspace this node made (never a path outside ``workspaces/``)."""
         if workspace and Path(workspace).parent == self.workspaces:
             shutil.rmtree(workspace, ignore_errors=True)
+
+
+def eval_sandbox_job(job_id: str) -> str:
+    """The job id an EVAL sandbox of ``job_id`` is recorded under."""
+    return job_id + EVAL_SANDBOX_SUFFIX
+
+
+def job_of(sandbox_job_id: str) -> str:
+    """The job a sandbox's recorded job id belongs to (an EVAL sandbox's: without its suffix)."""
+    return sandbox_job_id.removesuffix(EVAL_SANDBOX_SUFFIX)
 
 
 def _running(pid: int) -> bool:

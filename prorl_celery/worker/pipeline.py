@@ -47,7 +47,7 @@ from prorl_celery.llm.tokenizer import load_tokenizer
 from prorl_celery.services import Services, get_services
 from prorl_celery.state.nodes import has_live_worker, live_queues
 from prorl_celery.state.store import JobRecord, Move, Transition, outcome, retry_fields
-from prorl_celery.worker.job_sandboxes import tool_client
+from prorl_celery.worker.job_sandboxes import eval_sandbox_job, tool_client
 from prorl_celery.worker.readiness import missing_for
 from prorl_celery.worker.resume import origin_report, restarted, settle, take_journal
 from singularity.requirements import explain
@@ -574,7 +574,7 @@ async def _eval(services: Services, handler: AgentHandler, job: JobContext, reco
         try:
             request = handler.eval_sandbox_request(job)
             if request is not None:  # a fresh one, never the agent's: it was closed after RUN
-                sandbox = await bounded(job, cancelled, services.sandboxes.start(f"{job.job_id}-eval", request),
+                sandbox = await bounded(job, cancelled, services.sandboxes.start(eval_sandbox_job(job.job_id), request),
                                         limit_s)
             async with tool_client(sandbox) as job.sandbox:
                 result: EvalResult = await bounded(job, cancelled, handler.eval(job), limit_s)

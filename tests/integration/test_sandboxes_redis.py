@@ -205,6 +205,12 @@ class _Jobs:
         self.handed(job_id, sandbox_id, init_pid)
         assert self.store.claim_stage(job_id, Stage.RUN, {"run_node": node, "worker_pid": run_pid}).ok
 
+    def evaluating(self, job_id: str, sandbox_id: str, pid: int) -> None:
+        """Claimed by the EVAL worker ``pid`` (RUN over)."""
+        self.running(job_id, sandbox_id, pid, pid)
+        assert self.store.hand_over(job_id, Stage.RUN, {}, attempt=1).ok
+        assert self.store.claim_stage(job_id, Stage.EVAL, {"eval_node": NODE, "worker_pid": pid}).ok
+
 
 def _dead_process() -> ProcessRef:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -260,6 +266,7 @@ def test_a_live_owners_sandbox_is_released_once_its_job_moved_on_without_it(stat
     jobs.running("run-fresh", "sb-diverged", me, me)
     jobs.handed("cancelled", "sb-cancelled", me)
     assert jobs.store.cancel("cancelled").ok
+    jobs.evaluating("judged", "sb-judged", me)
     expected = {("in-init", "sb-init"): False,  # INIT may be starting it for this very attempt
                 ("in-init", "sb-earlier"): False,  # nor can an earlier attempt's be told apart yet
                 ("handed", "sb-handed"): False,  # RUN will adopt it
@@ -270,7 +277,11 @@ def test_a_live_owners_sandbox_is_released_once_its_job_moved_on_without_it(stat
                 ("run-fresh", "sb-fresh"): False,  # its own RUN starts it (a resume that diverged)
                 ("cancelled", "sb-cancelled"): True,
                 ("no-such-job", "sb-pool"): False,  # a warm pool's own: no job names it
-                ("handed-eval", "sb-eval"): False}  # an EVAL sandbox: its worker's alone
+                ("judged-eval", "sb-eval"): False,  # an EVAL sandbox of a job in EVAL: in use
+                # an EVAL sandbox whose job is not in EVAL (or gone): an EVAL's failed stop
+                ("handed-eval", "sb-eval-old"): True,
+                ("cancelled-eval", "sb-eval-cancelled"): True,
+                ("no-such-job-eval", "sb-eval-gone"): True}
     owner = ProcessRef.of(me)
     assert owner is not None
     found = {(job_id, sandbox_id): sandboxes.released(SandboxRecord(
