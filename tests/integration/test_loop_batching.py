@@ -18,13 +18,17 @@ from prorl_celery.core.settings import Settings
 from prorl_celery.core.status import JobStatus, Stage
 from prorl_celery.llm.pool import BackendPool
 from prorl_celery.state import keys
+from tests.support.services import own_redis_fixture
 
 DB = 7
+#: the module's own redis-server: its round trips are counted in INFO commandstats, which counts
+#: every client of a server (a shared one's other clients made the counts flaky)
+own_redis = own_redis_fixture("redis-batching")
 
 
 @pytest.fixture
-def client(redis_url) -> redis.Redis:
-    connection = redis.Redis.from_url(f"{redis_url}/{DB}", decode_responses=True)
+def client(own_redis) -> redis.Redis:
+    connection = redis.Redis.from_url(f"{own_redis}/{DB}", decode_responses=True)
     connection.flushdb()
     yield connection
     connection.flushdb()
@@ -152,10 +156,10 @@ def test_backends_are_assigned_in_one_round_trip_and_an_aborted_stage_gives_its_
 
 
 @pytest.fixture
-def broker(redis_url) -> Celery:
-    settings = Settings(redis_url=f"{redis_url}/{DB + 1}", broker_url=f"{redis_url}/{DB + 1}")
+def broker(own_redis) -> Celery:
+    settings = Settings(redis_url=f"{own_redis}/{DB + 1}", broker_url=f"{own_redis}/{DB + 1}")
     app = create_celery(settings, set_as_current=False)
-    broker = redis.Redis.from_url(f"{redis_url}/{DB + 1}")
+    broker = redis.Redis.from_url(f"{own_redis}/{DB + 1}")
     broker.flushdb()
     yield app
     app.close()
