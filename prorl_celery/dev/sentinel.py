@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from prorl_celery.dev.local import ManagedProcess, free_port, redis_command, wait_until
 from prorl_celery.state.connection import DEFAULT_SENTINEL_MASTER
@@ -37,6 +39,9 @@ SENTINELS = 3
 QUORUM = 2
 #: the file under the group's directory naming the data directory of its last primary
 PRIMARY_MARKER = "primary"
+#: one try per command: the supervision asks again on its next look (redis-py's default retries
+#: a refused connection for about 4 s, so each dead member would stall every look at the group)
+ONCE: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
 #: redis-server's default replica-priority, given back to a held-back replica once it is in sync
 PROMOTABLE_PRIORITY = 100
 
@@ -144,7 +149,7 @@ class SentinelGroup:
         return ManagedProcess(name, popen, log)
 
     def sentinel_client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=3, socket_connect_timeout=3, decode_responses=True)
+        return redis.Redis(port=port, socket_timeout=3, socket_connect_timeout=3, decode_responses=True, **ONCE)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until the replica follows the primary and every sentinel knows both and the other two
@@ -152,7 +157,7 @@ class SentinelGroup:
         def replica_linked() -> bool:  # the member that is not the primary (after a failover: "redis")
             primary = self.primary_port()
             replica = next(self.ports[name] for name in ("redis", "redis-replica") if self.ports[name] != primary)
-            info = redis.Redis(port=replica, socket_timeout=3).info("replication")
+            info = redis.Redis(port=replica, socket_timeout=3, **ONCE).info("replication")
             return info.get("master_link_status") == "up"
 
         def sentinels_met() -> bool:
@@ -231,7 +236,7 @@ class SentinelGroup:
         released = []
         for name in sorted(self.held_back):
             try:
-                server = redis.Redis(port=self.ports[name], socket_timeout=2, decode_responses=True)
+                server = redis.Redis(port=self.ports[name], socket_timeout=2, decode_responses=True, **ONCE)
                 info = server.info("replication")
                 if info.get("role") != "slave" or info.get("master_link_status") != "up" or \
                         int(info.get("master_sync_in_progress", 1)):
@@ -285,7 +290,7 @@ class SentinelGroup:
             try:
                 port = self.agreed_primary_port()
                 if port is not None and port != old_port and \
-                        redis.Redis(port=port, socket_timeout=2).info("replication")["role"] == "master":
+                        redis.Redis(port=port, socket_timeout=2, **ONCE).info("replication")["role"] == "master":
                     self.remember_primary()
                     return port
             except (redis.RedisError, RuntimeError):
