@@ -20,10 +20,18 @@
 #     The jobs stay in Redis's file, handed back by the workers, and the next allocation on the
 #     same PRORL_REDIS_DIR finishes them;
 #   anything else (scancel): they end as cancelled, and the trainers waiting on them are answered.
+#
+# With PRORL_REDIS_REPLICATION=sentinel, Redis is a Sentinel group of its own job step
+# (redis.sh, on the first three nodes): this script starts no redis-server, and stops the
+# group (`prorl sentinel stop`) where it would have shut its own down.
 set -euo pipefail
-: "${PRORL_SHUTDOWN_GRACE_S:=20}"
+: "${PRORL_SHUTDOWN_GRACE_S:=20}" "${PRORL_REDIS_REPLICATION:=none}"
+[[ -n "${PRORL_REDIS_PASSWORD:-}" ]] || { echo "PRORL_REDIS_PASSWORD is not set" >&2; exit 1; }
+export REDISCLI_AUTH="$PRORL_REDIS_PASSWORD"
 persistence=(--save "" --appendonly no)
-if [[ "${PRORL_REDIS_PERSISTENCE:-aof}" == aof ]]; then
+if [[ "$PRORL_REDIS_REPLICATION" == sentinel ]]; then
+  :
+elif [[ "${PRORL_REDIS_PERSISTENCE:-aof}" == aof ]]; then
   dir="${PRORL_REDIS_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/prorl/slurm-redis}"
   mkdir -p "$dir"
   # two redis-servers appending to one file corrupt it: one head per directory
@@ -33,14 +41,17 @@ if [[ "${PRORL_REDIS_PERSISTENCE:-aof}" == aof ]]; then
 elif [[ "${PRORL_REDIS_PERSISTENCE}" != none ]]; then
   echo "PRORL_REDIS_PERSISTENCE must be aof or none, not '${PRORL_REDIS_PERSISTENCE}'" >&2; exit 1
 fi
-[[ -n "${PRORL_REDIS_PASSWORD:-}" ]] || { echo "PRORL_REDIS_PASSWORD is not set" >&2; exit 1; }
-export REDISCLI_AUTH="$PRORL_REDIS_PASSWORD"
 deaf=(python -c 'import os, signal, sys
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 os.execvp(sys.argv[1], sys.argv[1:])')
-"${deaf[@]}" redis-server - --port "${REDIS_PORT:-6379}" --bind 0.0.0.0 "${persistence[@]}" \
-  --maxclients 20000 <<<"requirepass $PRORL_REDIS_PASSWORD" & redis=$!  # holds the lock too
-for _ in $(seq 100); do redis-cli -p "${REDIS_PORT:-6379}" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis=
+if [[ "$PRORL_REDIS_REPLICATION" != sentinel ]]; then
+  # the password quoted as Redis's configuration reads it (it may hold spaces or quotes)
+  secret=$(python -c 'import sys; print("\"" + sys.argv[1].replace("\\", "\\\\").replace("\"", "\\\"") + "\"")' "$PRORL_REDIS_PASSWORD")
+  "${deaf[@]}" redis-server - --port "${REDIS_PORT:-6379}" --bind 0.0.0.0 "${persistence[@]}" \
+    --maxclients 20000 <<<"requirepass $secret" & redis=$!  # holds the lock too
+  for _ in $(seq 100); do redis-cli -p "${REDIS_PORT:-6379}" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
 pids=()
 gunicorn -c python:api.gunicorn_conf 'api:create_app()' 9>&- & pids+=($!)
 celery -A prorl_celery flower --port="${FLOWER_PORT:-5555}" 9>&- & pids+=($!)
@@ -72,7 +83,11 @@ end() {
   prorl shutdown "${cancel[@]}" --wait "$((PRORL_SHUTDOWN_GRACE_S + 15))" 9>&- || true
   # gunicorn's graceful stop waits out idle keep-alive connections: the jobs are answered by now
   kill -QUIT "${pids[@]}" 2>/dev/null || true
-  redis-cli -p "${REDIS_PORT:-6379}" shutdown >/dev/null 2>&1 || kill -KILL "$redis" 2>/dev/null || true
+  if [[ -n "$redis" ]]; then
+    redis-cli -p "${REDIS_PORT:-6379}" shutdown >/dev/null 2>&1 || kill -KILL "$redis" 2>/dev/null || true
+  else
+    prorl sentinel stop --group-id "${SLURM_JOB_ID:-default}" 9>&- || true
+  fi
   wait || true
   exit 0
 }

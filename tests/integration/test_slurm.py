@@ -20,11 +20,13 @@ sandboxes are bubblewrap's; Apptainer's command lines are tested in ``test_runti
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import redis
 
 from prorl_celery.dev.local import wait_until
 from prorl_celery.trainer.client import RolloutClient
@@ -167,3 +169,72 @@ def test_prorl_sbatch_runs_the_service_on_a_slurm_allocation(slurm, qwen3_tokeni
         print(f"prorl.sbatch on Slurm: {report}")
     finally:
         llm.stop()
+
+
+@pytest.mark.extended
+def test_prorl_sbatch_with_sentinel_loses_no_job_when_the_primary_dies(slurm, tmp_path):
+    """``PRORL_REDIS_REPLICATION=sentinel sbatch -N 3 prorl.sbatch``: the Sentinel group on the
+    first three nodes (``redis.sh``), the primary's redis-server SIGKILLed with jobs in flight,
+    every accepted job completed, and ``scancel`` ending every process, the group's included."""
+    if len(slurm.nodes) < 3:
+        pytest.skip(f"a Sentinel group needs 3 nodes; the {slurm.layout} layout has {len(slurm.nodes)}")
+    password = "slurm sentinel pass"
+    env = service_env(slurm, tmp_path, PRORL_REDIS_REPLICATION="sentinel", PRORL_REDIS_PASSWORD=password)
+    service = Service(slurm, env, tmp_path)
+    report: dict[str, object] = {"gateway_answers_s": round(service.up_s, 1)}
+    primary = redis.Redis(host=slurm.nodes[0].address, port=6379, password=password, socket_timeout=3)
+    assert primary.info("replication")["role"] == "master"
+
+    def submit(prefix: str, count: int) -> list[str]:
+        return [service.http.post("/jobs", json={"instance": {
+            "data_source": "localfault", "instance_id": f"{prefix}{i}", "init_sleep_s": 0.3, "run_sleep_s": 2,
+            "sandbox": i % 3 == 0, "reward": 0.5}}).json()["job_id"] for i in range(count)]
+
+    before = submit("s", 12)
+    wait_until(lambda: sum(n["busy"] for n in service.nodes().values()) >= 2, 60, "jobs in RUN")
+    pid = int(primary.info("server")["process_id"])
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    results, report["answers_503"] = _results_riding_out_503(service, before, 240)
+    report["kill_to_all_terminal_s"] = round(time.monotonic() - killed, 1)
+    assert {r["status"] for r in results.values()} == {"completed"}, results
+    assert all(r["reward"] == 0.5 for r in results.values())
+    report["attempts"] = dict(Counter(r["attempt"] for r in results.values()))
+    # the replica on the second node is the primary now; a job submitted after the failover runs
+    promoted = redis.Redis(host=slurm.nodes[1].address, port=6379, password=password, socket_timeout=3)
+    assert promoted.info("replication")["role"] == "master"
+    after = service.results(submit("a", 3), 120)
+    assert {r["status"] for r in after.values()} == {"completed"}, after
+    # the first node's member brought its server back as the new primary's replica
+    wait_until(lambda: primary.info("replication")["role"] == "slave", 60, "the old primary back as a replica")
+
+    cancelled_at = time.monotonic()
+    slurm.run("scancel", service.job)
+    deadline = time.monotonic() + 60
+    while left := allocation_processes(slurm, service.job):
+        assert time.monotonic() < deadline, f"left 60 s after scancel: {left}"
+        time.sleep(0.2)
+    report["scancel_to_no_process_s"] = round(time.monotonic() - cancelled_at, 1)
+    print(f"prorl.sbatch with Sentinel on Slurm: {report}")
+
+
+def _results_riding_out_503(service: Service, job_ids: list[str], timeout_s: float) -> tuple[dict[str, dict], int]:
+    """Each job's result as a trainer gets it: a 503 (Redis failing over) retried, as the client
+    does. Returns the results and how many 503s were answered."""
+    deadline, out, unavailable = time.monotonic() + timeout_s, {}, 0
+    for job_id in job_ids:
+        while True:
+            wait = min(60.0, max(0.1, deadline - time.monotonic()))
+            response = service.http.get(f"/jobs/{job_id}", params={"wait": wait})
+            if response.status_code == 503:
+                unavailable += 1
+                time.sleep(0.5)
+            elif response.status_code != 408 and response.json().get("status") not in (None, "pending_init",
+                                                                                        "init", "pending_run",
+                                                                                        "run", "pending_eval", "eval"):
+                break
+            if time.monotonic() > deadline:
+                break
+        assert response.status_code == 200, f"job {job_id} did not end in time: {response.text}"
+        out[job_id] = response.json()
+    return out, unavailable

@@ -40,6 +40,7 @@ KNOWN_EXTRAS: dict[str, str] = {
     "PRORL_REDIS_PERSISTENCE": "prorl_celery/cli.py",
     "PRORL_REDIS_DIR": "prorl_celery/cli.py",
     "PRORL_REDIS_PASSWORD": "deploy/slurm/head.sh",
+    "PRORL_REDIS_REPLICATION": "deploy/slurm/prorl.sbatch",
     # the verl agent loop, in the trainer's process
     "PRORL_GATEWAY_URL": "prorl_celery/trainer/integrations/verl.py",
     "PRORL_MAX_RESUBMITS": "prorl_celery/trainer/integrations/verl.py",
