@@ -40,7 +40,9 @@ with BackgroundServer(create_llm_app(engine)) as server, httpx.Client(base_url=s
     assert [entry["prompt_ids"] for entry in log[:2]] == [chat.prompt_ids(turn_1), chat.prompt_ids(turn_2)]
     assert log[0]["output_ids"] == chat.encode("I will ask the calculator.") + [engine.eos_token_id]
     assert len(log[0]["logprobs"]) == len(log[0]["output_ids"]) and log[0]["finish_reason"] == "stop"
-    assert log[3]["finished"] - log[3]["started"] >= 0.2 and log[4]["max_tokens"] == 8
+    # the delayed rule's request took its 0.2 s (asyncio may wake a timer up to its clock's resolution early)
+    assert log[3]["finished"] - log[3]["started"] >= 0.19
+    assert log[4]["max_tokens"] == 8
     assert sorted(log[0]["request_keys"]) == ["max_tokens", "prompt"] and not log[0]["aborted"]
     assert http.post("/_reset").json() == {"cleared": 5} and http.get("/_log").json() == []
 print("scripted server: every rule answered as scripted")

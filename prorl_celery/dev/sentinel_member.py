@@ -40,6 +40,7 @@ from redis.sentinel import Sentinel
 
 from prorl_celery.dev.local import ManagedProcess, redis_server_binary, wait_until
 from prorl_celery.dev.sentinel import ONCE, PRIMARY_MARKER, PROMOTABLE_PRIORITY, QUORUM, SENTINELS, sentinel_command
+from prorl_celery.state import keys
 from prorl_celery.state.connection import DEFAULT_SENTINEL_MASTER
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 #: what each slot runs: (its server's first role or None, a sentinel)
 SLOTS: dict[int, tuple[str | None, bool]] = {0: ("primary", True), 1: ("replica", True), 2: (None, True)}
 #: the key (database 0) whose value, the group's id, tells its members to stop
-STOP_KEY = "prorl:sentinel-group:stop"
+STOP_KEY = keys.SENTINEL_GROUP_STOP
 POLL_S = 0.5
 #: a process started this many times within CRASH_WINDOW_S ends the member
 CRASH_STARTS, CRASH_WINDOW_S = 5, 30.0

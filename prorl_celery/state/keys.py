@@ -164,6 +164,11 @@ def worker(name: str) -> str:
     return f"{PREFIX}worker:{name}"
 
 
+#: database 0 of a Sentinel group run by ``prorl sentinel member``: the id of the group told to
+#: stop (prorl_celery.dev.sentinel_member)
+SENTINEL_GROUP_STOP = f"{PREFIX}sentinel-group:stop"
+
+
 def broker_queue(name: str) -> str:
     """Kombu's Redis transport keeps a queue's messages in a list named after the queue."""
     return name

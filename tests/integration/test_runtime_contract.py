@@ -403,14 +403,19 @@ import asyncio, os, signal, subprocess, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
 from singularity.runtime import BubblewrapRuntime, ProcessRuntime, SandboxSpec
-from singularity.runtime import base
+from singularity.runtime import base, procfs
 kind, tmp = sys.argv[1], Path(sys.argv[2])
 real = subprocess.Popen
 class PopenThenDie(real):  # the worker is SIGKILLed the moment its root exists, before spawned()
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         print(self.pid, flush=True)
-        time.sleep(0.3)  # bubblewrap has cloned its namespace's init by then
+        deadline = time.monotonic() + 10  # until the root's processes write its log (bubblewrap:
+        while time.monotonic() < deadline:  # its namespace's init is cloned), however loaded the machine
+            logs = list((tmp / "state").glob("*/server.log"))
+            if logs and procfs.writing_to(logs[0]):
+                break
+            time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGKILL)
 subprocess.Popen = PopenThenDie
 runtime = (BubblewrapRuntime if kind.startswith("bubblewrap") else ProcessRuntime)(
