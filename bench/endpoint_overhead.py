@@ -118,9 +118,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from prorl_celery.dev.devmodels import ensure_tokenizer
     from prorl_celery.dev.local import free_port
-    from prorl_celery.llm import anthropic_messages
+    from prorl_celery.endpoint import anthropic_messages
+    from prorl_celery.endpoint.app import AgentEndpoint, EndpointServer
     from prorl_celery.llm.backends import VLLMBackend
-    from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
     from prorl_celery.llm.session import TokenSession
     from prorl_celery.llm.tokenizer import load_tokenizer
 

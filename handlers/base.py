@@ -87,7 +87,7 @@ class EndpointRequest:
     model: str = "policy"  # the model name the endpoint answers to
     max_calls: int | None = None  # LLM calls it allows (the job's max_iterations)
     #: model names the harness was configured to use for a small fast model (titles, summaries):
-    #: their calls are ``auxiliary`` samples (``prorl_celery/llm/samples.py``)
+    #: their calls are ``auxiliary`` samples (``prorl_celery/endpoint/samples.py``)
     auxiliary_models: tuple[str, ...] = ()
     #: fields the program's own tools make different on every run (a fresh id, a duration): a
     #: resume compares its replayed observations with the journaled ones past these fields only

@@ -254,7 +254,7 @@ class TokenSession:
         sample = self._sample
         if not sample.messages:
             raise RuntimeError("start() the conversation before add_messages()")
-        from prorl_celery.llm.segments import suffix_ids
+        from prorl_celery.endpoint.history import suffix_ids
         messages = [dict(m) for m in messages]
         start = sample.total
         self._close_open_turn(sample)

@@ -38,9 +38,9 @@ from prorl_celery.core.errors import (
 from prorl_celery.core.event_loops import Batched, loop_local, run_coro, thread_loop
 from prorl_celery.core.outcomes import Ending, Outcome, classify, describe
 from prorl_celery.core.status import JobStatus, Stage
+from prorl_celery.endpoint.app import job_endpoint
 from prorl_celery.llm.backends import make_backend
 from prorl_celery.llm.journal import NoModel, TurnJournal
-from prorl_celery.llm.openai_endpoint import job_endpoint
 from prorl_celery.llm.pool import Assignment
 from prorl_celery.llm.session import TokenSession
 from prorl_celery.llm.tokenizer import load_tokenizer

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("prorl_celery", "handlers", "singularity", "api")
 #: prorl_celery's folders; its root modules (celery_app, services, cli) are the wiring
-FOLDERS = ("core", "state", "llm", "wire", "worker", "trainer", "dev")
+FOLDERS = ("core", "state", "llm", "endpoint", "wire", "worker", "trainer", "dev")
 
 #: area -> the other areas it may import
 RULES: dict[str, set[str]] = {
@@ -23,18 +23,22 @@ RULES: dict[str, set[str]] = {
     "core": set(),
     # everything in Redis
     "state": {"core"},
-    # backends, pool, session, tokenizer, the per-job endpoint (handlers: Generation, EndpointRequest)
-    "llm": {"core", "state", "handlers", "singularity"},
+    # backends, pool, session, tokenizer (endpoint: the session's suffix_ids, until the
+    # tokenizer owns that rule: issue 34, step 4)
+    "llm": {"core", "state", "endpoint", "handlers", "singularity"},
+    # the per-job endpoint: its app, dialects, history matcher, sample router
+    # (handlers: Generation, EndpointRequest)
+    "endpoint": {"core", "state", "llm", "handlers", "singularity"},
     # the gateway's intake and the result format (Celery publishing through the wiring)
     "wire": {"core", "state", "llm", "handlers", "wiring"},
     # stage tasks, the pipeline, worker signals, job sandboxes
-    "worker": {"core", "state", "llm", "wire", "handlers", "singularity", "wiring"},
+    "worker": {"core", "state", "llm", "endpoint", "wire", "handlers", "singularity", "wiring"},
     # the trainer SDK: over HTTP, never the service (nor Celery, Flask or Redis: below)
     "trainer": {"core"},
     # dev tooling may use anything but the gateway's views
-    "dev": {"core", "state", "llm", "wire", "worker", "trainer", "handlers", "singularity", "wiring"},
+    "dev": {"core", "state", "llm", "endpoint", "wire", "worker", "trainer", "handlers", "singularity", "wiring"},
     # the wiring at prorl_celery's root: the Celery app, the services, the CLI
-    "wiring": {"core", "state", "llm", "wire", "worker", "trainer", "dev", "handlers", "singularity"},
+    "wiring": {"core", "state", "llm", "endpoint", "wire", "worker", "trainer", "dev", "handlers", "singularity"},
     # task plug-ins know the shared vocabulary and the sandbox, nothing of the service
     "handlers": {"core", "singularity"},
     "singularity": set(),

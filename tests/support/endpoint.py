@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from prorl_celery.endpoint.app import AgentEndpoint, EndpointServer
 from prorl_celery.llm.backends import VLLMBackend
-from prorl_celery.llm.openai_endpoint import AgentEndpoint, EndpointServer
 from prorl_celery.llm.session import TokenSession
 from prorl_celery.llm.tokenizer import load_tokenizer
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from prorl_celery.llm import anthropic_messages as am
-from prorl_celery.llm import responses_api as ra
-from prorl_celery.llm.segments import EndpointRequestError, Message, Reply
+from prorl_celery.endpoint import anthropic_messages as am
+from prorl_celery.endpoint import responses_api as ra
+from prorl_celery.endpoint.history import EndpointRequestError, Message, Reply
 
 RAW = ("<think>\nCheck first.\n</think>\n\nLooking.\n"
        "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>")
@@ -175,7 +175,7 @@ def test_incremental_decode_of_growing_ids_is_the_whole_decode(name: str, qwen3_
                                                                llama3_tokenizer: str):
     import random
 
-    from prorl_celery.llm.segments import ChatMatcher
+    from prorl_celery.endpoint.history import ChatMatcher
     from prorl_celery.llm.tokenizer import load_tokenizer
 
     tok = load_tokenizer(qwen3_tokenizer if name == "qwen3" else llama3_tokenizer)

@@ -6,7 +6,7 @@ writes titles under another model name; compaction rewrites the history. Each ca
 one sample of the job's :class:`~prorl_celery.llm.session.TokenSession`:
 
 1. a sample whose served history the request repeats, with the same model name, is extended
-   (:class:`~prorl_celery.llm.segments.ChatMatcher` checks it token-exactly, as for one
+   (:class:`~prorl_celery.endpoint.history.ChatMatcher` checks it token-exactly, as for one
    conversation): calls whose prompt extends an earlier call's prompt and response merge into
    one sample. When the matcher finds that the ids would not be what a text-rendering server
    sends (a retry, changed tools, a template that drops ``<think>``), the call starts a
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prorl_celery.llm.segments import ChatMatcher, Message, Plan, Reply
+from prorl_celery.endpoint.history import ChatMatcher, Message, Plan, Reply
 from prorl_celery.llm.session import TokenSession
 
 

@@ -24,7 +24,7 @@ GET      /_prorl/control            long poll: answers when the job wants the pr
 
 Every request needs the job's key (``Authorization: Bearer <key>``, ``x-api-key`` or
 ``api-key``); any other is a 401 (in Anthropic's error JSON on ``/v1/messages``). History is
-matched against what was served (:mod:`.segments`): matched turns keep their exact ids, new
+matched against what was served (:mod:`.history`): matched turns keep their exact ids, new
 messages are the template's suffix, and anything else starts a new segment with a drift event.
 Limits: ``max_calls`` counts calls; the job's time budget and context length bound them; when
 the endpoint closes (the job's RUN ended or it was cancelled) the call in flight is aborted at
@@ -51,9 +51,9 @@ from typing import Any
 
 from handlers import EndpointRequest
 from prorl_celery.core.errors import BackendError, ContextExhausted
-from prorl_celery.llm import anthropic_messages, responses_api
-from prorl_celery.llm.samples import SampleRouter
-from prorl_celery.llm.segments import EndpointRequestError, Message, Reply, common_prefix
+from prorl_celery.endpoint import anthropic_messages, responses_api
+from prorl_celery.endpoint.history import EndpointRequestError, Message, Reply, common_prefix
+from prorl_celery.endpoint.samples import SampleRouter
 from prorl_celery.llm.session import TokenSession
 from singularity.toolserver.agentrun import ENDPOINT_INSIDE, ENDPOINT_SOCKET
 

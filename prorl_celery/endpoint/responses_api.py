@@ -36,10 +36,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prorl_celery.llm.segments import EndpointRequestError, Message, Reply, content_text
+from prorl_celery.endpoint.history import EndpointRequestError, Message, Reply, content_text
 
 if TYPE_CHECKING:
-    from prorl_celery.llm.openai_endpoint import AgentEndpoint, Turn
+    from prorl_celery.endpoint.app import AgentEndpoint, Turn
 
 OBEYED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "stream", "store",
                     "previous_response_id", "max_output_tokens", "include", "parallel_tool_calls",

@@ -33,10 +33,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prorl_celery.llm.segments import EndpointRequestError, Message, Reply
+from prorl_celery.endpoint.history import EndpointRequestError, Message, Reply
 
 if TYPE_CHECKING:
-    from prorl_celery.llm.openai_endpoint import AgentEndpoint, Turn
+    from prorl_celery.endpoint.app import AgentEndpoint, Turn
 
 OBEYED = frozenset({"model", "messages", "system", "tools", "tool_choice", "stop_sequences", "max_tokens",
                     "stream", "metadata"})
@@ -280,7 +280,7 @@ async def create(endpoint: AgentEndpoint, body: dict[str, Any]) -> tuple[dict[st
     endpoint._admit()
     request = parse(body)
     overrides = endpoint._overrides(body, OBEYED, caps=("max_tokens",))
-    from prorl_celery.llm.openai_endpoint import EndpointRefused  # the module that serves this one
+    from prorl_celery.endpoint.app import EndpointRefused  # the module that serves this one
 
     try:
         turn = await endpoint.converse(request.messages, request.tools, parse_tools=request.parse_tools,
