@@ -81,13 +81,20 @@ def test_a_stop_signal_stops_every_child(tmp_path, sig):
 
 
 def test_sigint_during_start_up_stops_what_was_started(tmp_path):
-    with started(tmp_path, "--llm", "scripted", wait=False) as (up, _):
-        wait_until(lambda: len(descendants(up.pid)) >= 2, 60, "the first children started")
-        children = descendants(up.pid)
-        up.send_signal(signal.SIGINT)
-        took = all_gone(children | {up.pid}, "every process of prorl up after SIGINT during start-up")
-        assert up.wait(5) == 128 + signal.SIGINT
-        assert took < STOP_BOUND_S
+    # on a loaded machine the signal can land after start-up has ended (the whole of it takes
+    # about 2 s): that try says "Ctrl-C stops everything" first, and is tried again
+    for attempt in range(3):
+        with started(tmp_path / str(attempt), "--llm", "scripted", wait=False) as (up, _):
+            wait_until(lambda: len(descendants(up.pid)) >= 2, 60, "the first children started")
+            children = descendants(up.pid)
+            up.send_signal(signal.SIGINT)
+            took = all_gone(children | {up.pid}, "every process of prorl up after SIGINT during start-up")
+            code, printed = up.wait(5), up.stdout.read()
+        if "Ctrl-C stops everything" not in printed:
+            break
+    assert "stopped during start-up (SIGINT)" in printed, printed
+    assert code == 128 + signal.SIGINT, printed
+    assert took < STOP_BOUND_S
 
 
 def test_children_die_with_a_sigkilled_prorl_up(tmp_path):
