@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +21,7 @@ import redis
 
 from prorl_celery.dev.local import redis_server_binary
 from prorl_celery.dev.sentinel import PROMOTABLE_PRIORITY, SentinelGroup
-from tests.support.services import eventually
+from tests.support.services import eventually, redis_answers
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("redis-sentinel") is None, reason="redis-sentinel is not installed"),
@@ -70,7 +69,7 @@ def test_a_primary_lost_while_its_replica_resyncs_comes_back_with_its_data(group
 
     # no replica the sentinels may promote: the primary starts again in place, at once
     assert group.restart_dead() == [group.server_named(second)]
-    eventually(lambda: _answers(lambda: server(second).get("after-199") == "199"), 20,
+    eventually(lambda: redis_answers(lambda: server(second).get("after-199") == "199"), 20,
                "the primary back with its append-only file")
     assert server(second).get("before") == "1"
     assert group.primary_port() == second, "the sentinels failed over to a replica that was not in sync"
@@ -96,11 +95,3 @@ def test_a_dead_primary_with_a_synced_replica_still_waits_for_the_failover(group
 def _released(group: SentinelGroup, name: str) -> bool:
     group.restart_dead()
     return name not in group.held_back
-
-
-def _answers(check) -> bool:
-    try:
-        return bool(check())
-    except redis.RedisError:
-        time.sleep(0.1)
-        return False

@@ -29,7 +29,7 @@ import redis
 from prorl_celery.dev.local import free_port
 from prorl_celery.dev.sentinel import PRIMARY_MARKER, PROMOTABLE_PRIORITY
 from prorl_celery.dev.sentinel_member import ONCE, sentinel_replicas
-from tests.support.services import eventually
+from tests.support.services import eventually, redis_answers
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("redis-sentinel") is None, reason="redis-sentinel is not installed"),
@@ -82,14 +82,6 @@ def _alive(pid: int) -> bool:
 
 def _all_down(replicas: list[dict[str, str]]) -> bool:
     return bool(replicas) and all("s_down" in replica["flags"].split(",") for replica in replicas)
-
-
-def _answers(check) -> bool:
-    try:
-        return bool(check())
-    except redis.RedisError:
-        time.sleep(0.1)
-        return False
 
 
 @pytest.fixture
@@ -147,9 +139,9 @@ def test_members_fail_over_rejoin_held_back_and_stop_together(group):
     eventually(lambda: group.named_primary() == second, 30, "the failover to slot 1")
     assert group.server(1).get("k499") == "499"
     # slot 0's member brings its server back as the new primary's replica, in sync and released
-    eventually(lambda: _answers(lambda: group.server(0).info("replication")["role"] == "slave"), 30,
+    eventually(lambda: redis_answers(lambda: group.server(0).info("replication")["role"] == "slave"), 30,
                "slot 0 back as a replica")
-    eventually(lambda: _answers(lambda: group.server(0).config_get("replica-priority")["replica-priority"]
+    eventually(lambda: redis_answers(lambda: group.server(0).config_get("replica-priority")["replica-priority"]
                                 == str(PROMOTABLE_PRIORITY)), 30, "slot 0 released once in sync")
     assert group.server(0).get("k499") == "499"
     eventually(lambda: (group.directory / PRIMARY_MARKER).read_text().strip() == "server-2", 10,
@@ -190,7 +182,7 @@ def test_a_primary_lost_while_its_only_replica_is_down_starts_again_in_place(gro
             primary.set(f"k{i}", i)
         killed = time.monotonic()
         group.kill_server(0)
-        eventually(lambda: _answers(lambda: group.server(0).get("k299") == "299"), 20,
+        eventually(lambda: redis_answers(lambda: group.server(0).get("k299") == "299"), 20,
                    "the primary back in place with its append-only file")
         back_s = time.monotonic() - killed
         assert back_s < 5, f"{back_s:.1f} s: it waited for a failover that could not come"
@@ -198,6 +190,6 @@ def test_a_primary_lost_while_its_only_replica_is_down_starts_again_in_place(gro
     finally:
         os.kill(group.members[1].pid, signal.SIGCONT)
     # the paused host's server rejoins as a replica and catches up
-    eventually(lambda: _answers(lambda: group.server(1).get("k299") == "299"), 30, "slot 1 back in sync")
+    eventually(lambda: redis_answers(lambda: group.server(1).get("k299") == "299"), 30, "slot 1 back in sync")
     assert group.server(1).info("replication")["role"] == "slave"
     print(f"a primary with no replica to fail over to was back in {back_s:.1f} s")

@@ -136,6 +136,16 @@ def eventually(check, timeout_s: float = 10.0, what: str = "condition") -> None:
         time.sleep(0.05)
 
 
+def redis_answers(check) -> bool:
+    """``check()`` as a bool, False (after a short pause) while Redis does not answer: for
+    ``eventually`` across a Redis restart or failover."""
+    try:
+        return bool(check())
+    except redis.RedisError:
+        time.sleep(0.1)
+        return False
+
+
 def own_redis_fixture(name: str):
     """A module-scoped fixture: a redis-server of the module's own, for tests that count
     ``INFO commandstats`` (it counts every client of a server). Yields its URL."""
